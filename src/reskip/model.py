@@ -1,0 +1,142 @@
+"""`ReskipModel`: a frozen Hugging Face causal LM with the AR-Retrofit side-channel attached."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from . import compat
+from .blocks import partition_layers
+from .config import RetrofitConfig
+from .depth_pass import BlockLayer, DepthPass
+from .side_channel import SideChannel
+
+
+@dataclass
+class ReskipOutput(CausalLMOutputWithPast):
+    """The usual causal-LM output plus, on request, each router's alpha.
+
+    alphas: block n (2..N) -> (B, T, n) routing weights over sources h_0..h_{n-1}.
+    """
+
+    alphas: dict | None = None
+
+
+class ReskipModel(nn.Module):
+    """The backbone (frozen, never modified) plus the side-channel (the only trainable part).
+
+    Build it with `retrofit(model, config)`. The backbone's own `forward` and
+    `generate` run unchanged; its decoder layers are wrapped in place.
+    """
+
+    def __init__(self, base_model: nn.Module, config: RetrofitConfig | None = None, seed: int = 0):
+        super().__init__()
+        config = config or RetrofitConfig()
+        layers = compat.decoder_layers(base_model)
+        if any(isinstance(layer, BlockLayer) for layer in layers):
+            raise ValueError("this model is already retrofitted; call unretrofit() first")
+        self.config = config
+        self.seed = seed
+        self.blocks = partition_layers(len(layers), config.block_size, config.boundaries)
+        hidden_size = base_model.config.hidden_size
+        self.base_model = base_model
+        base_model.requires_grad_(False)
+        device = base_model.get_input_embeddings().weight.device
+        self.side_channel = SideChannel(hidden_size, len(self.blocks), config, seed).to(device)
+        self.depth_pass = DepthPass(self.side_channel, len(self.blocks))
+        for n, block in enumerate(self.blocks, start=1):
+            for i in block:
+                layers[i] = BlockLayer(layers[i], n, i == block.start, i == block[-1], self.depth_pass)
+
+    # ---- structure -------------------------------------------------------------------------
+    @property
+    def n_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def rank(self) -> int:
+        return self.side_channel.rank
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        """The side-channel's parameters: chosen by structure (the modules we added), never by name."""
+        return list(self.side_channel.parameters())
+
+    def unretrofit(self) -> nn.Module:
+        """Put the original decoder layers back and return the untouched backbone."""
+        layers = compat.decoder_layers(self.base_model)
+        for i, layer in enumerate(layers):
+            if isinstance(layer, BlockLayer):
+                layers[i] = layer.layer
+        return self.base_model
+
+    # ---- switches ---------------------------------------------------------------------------
+    def set_curriculum(self, c: float) -> None:
+        """Set c(t) in gamma_n = c(t) * g_n. At c = 0 the logits equal the backbone's exactly."""
+        if not 0.0 <= float(c) <= 1.0:
+            raise ValueError(f"curriculum c(t) must lie in [0, 1], got {c}")
+        self.side_channel.curriculum = float(c)
+
+    @contextlib.contextmanager
+    def side_channel_disabled(self):
+        """The teacher: the same weights with the side-channel switched off (no router runs)."""
+        previous = self.depth_pass.enabled
+        self.depth_pass.enabled = False
+        try:
+            yield self
+        finally:
+            self.depth_pass.enabled = previous
+
+    @contextlib.contextmanager
+    def blocks_skipped(self, *blocks: int):
+        """Replace blocks (1-based) by identity for the passes inside the context."""
+        bad = [n for n in blocks if not 1 <= n <= self.n_blocks]
+        if bad:
+            raise ValueError(f"blocks {bad} out of range: this model has blocks 1..{self.n_blocks}")
+        previous = self.depth_pass.skip
+        self.depth_pass.skip = frozenset(blocks) | previous
+        try:
+            yield self
+        finally:
+            self.depth_pass.skip = previous
+
+    # ---- running ----------------------------------------------------------------------------
+    def forward(self, input_ids=None, attention_mask=None, labels=None, output_alphas: bool = False, **kwargs):
+        """Run the backbone's own forward; with `output_alphas`, attach every router's alpha."""
+        dp = self.depth_pass
+        dp.record_alphas = output_alphas
+        try:
+            out = self.base_model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, **kwargs)
+            alphas = dict(dp.alphas) if output_alphas else None
+        finally:
+            dp.record_alphas, dp.alphas = False, {}
+        return ReskipOutput(**out, alphas=alphas)
+
+    def generate(self, *args, **kwargs):
+        return self.base_model.generate(*args, **kwargs)
+
+    def save_adapter(self, path, **kwargs):
+        from .adapter_io import save_adapter
+
+        return save_adapter(self, path, **kwargs)
+
+
+def retrofit(model: nn.Module, config: RetrofitConfig | None = None, seed: int = 0) -> ReskipModel:
+    """Attach the AR-Retrofit side-channel to a loaded causal LM (frozen in place)."""
+    return ReskipModel(model, config, seed)
+
+
+def alpha_entropy(alphas: dict, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean entropy of alpha over tokens and blocks (padding excluded): a scalar tensor."""
+    per_block = []
+    for alpha in alphas.values():  # (B, T, n)
+        h = -(alpha * alpha.clamp_min(1e-12).log()).sum(-1)  # (B, T)
+        if attention_mask is not None:
+            m = attention_mask.to(h.dtype)
+            per_block.append((h * m).sum() / m.sum().clamp_min(1))
+        else:
+            per_block.append(h.mean())
+    return torch.stack(per_block).mean()

@@ -1,0 +1,79 @@
+"""Tiny random backbones of every supported family, built in the test (no downloads)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest
+import torch
+from transformers import (
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+VOCAB = 96
+COMMON = dict(
+    vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=6,
+    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+)
+
+
+def _gemma3():
+    cfg = Gemma3TextConfig(
+        **{**COMMON, "num_key_value_heads": 1}, head_dim=8, sliding_window=4,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2,
+    )
+    return Gemma3ForCausalLM(cfg)
+
+
+FAMILIES = {
+    "llama": lambda: LlamaForCausalLM(LlamaConfig(**COMMON)),
+    "qwen2": lambda: Qwen2ForCausalLM(Qwen2Config(**COMMON)),
+    "qwen3": lambda: Qwen3ForCausalLM(Qwen3Config(**COMMON, head_dim=8)),
+    "mistral": lambda: MistralForCausalLM(MistralConfig(**COMMON, sliding_window=5)),
+    "gemma3": _gemma3,
+}
+
+
+def tiny_model(family: str = "llama", dtype=torch.float32, seed: int = 0):
+    torch.manual_seed(seed)
+    model = FAMILIES[family]()
+    return model.to(dtype).eval()
+
+
+def batch(seed: int = 1, bsz: int = 3, seq: int = 12, pad: bool = True):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, VOCAB, (bsz, seq), generator=g)
+    mask = torch.ones_like(ids)
+    if pad:  # left padding of different lengths, as generation batches use
+        for i in range(1, bsz):
+            mask[i, : 2 * i] = 0
+    return ids, mask
+
+
+@pytest.fixture(params=sorted(FAMILIES))
+def family(request):
+    return request.param
+
+
+def has_package(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """The real bundled backbone (fp32), loaded once per session."""
+    from reskip.backbones import load_backbone
+
+    return load_backbone(None, torch.float32)

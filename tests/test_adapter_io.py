@@ -1,0 +1,117 @@
+"""Adapter files: round trip, wrong backbone, corrupt files, nothing half-written."""
+
+import json
+import os
+
+import pytest
+import torch
+
+from conftest import batch, tiny_model
+from reskip import AdapterError, RetrofitConfig, load_adapter, retrofit
+from reskip.adapter_io import CONFIG_NAME, WEIGHTS_NAME, fingerprint
+
+
+def trained_adapter(tmp_path, family="llama"):
+    model = tiny_model(family)
+    rm = retrofit(model, RetrofitConfig(block_size=2, rank=8), seed=3)
+    rm.set_curriculum(1.0)
+    opt = torch.optim.AdamW(rm.trainable_parameters(), lr=1e-2)
+    ids, mask = batch()
+    rm(input_ids=ids, attention_mask=mask, labels=ids).loss.backward()
+    opt.step()
+    rm.save_adapter(tmp_path / "adapter")
+    with torch.no_grad():
+        logits = rm(input_ids=ids, attention_mask=mask).logits
+    return tmp_path / "adapter", logits
+
+
+def test_round_trip_gives_identical_logits(tmp_path, family):
+    path, logits = trained_adapter(tmp_path, family)
+    assert sorted(os.listdir(path)) == [CONFIG_NAME, WEIGHTS_NAME]  # no temp files left behind
+    cfg = json.loads((path / CONFIG_NAME).read_text())
+    assert cfg["backbone"]["family"] == tiny_model(family).config.model_type
+    assert cfg["rank"] == 8 and cfg["retrofit"]["block_size"] == 2
+    rm = load_adapter(tiny_model(family), path)
+    ids, mask = batch()
+    with torch.no_grad():
+        assert torch.equal(rm(input_ids=ids, attention_mask=mask).logits, logits)
+
+
+def test_weights_file_holds_side_channel_only(tmp_path):
+    from safetensors.torch import load_file
+
+    path, _ = trained_adapter(tmp_path)
+    state = load_file(path / WEIGHTS_NAME)
+    assert all(k.startswith("per_block.") for k in state)
+    assert sum(v.numel() for v in state.values()) < 0.2 * sum(p.numel() for p in tiny_model().parameters())
+
+
+def test_other_architecture_is_refused(tmp_path):
+    path, _ = trained_adapter(tmp_path, "llama")
+    with pytest.raises(AdapterError, match="another backbone"):
+        load_adapter(tiny_model("qwen3"), path)
+
+
+def test_other_weights_are_refused_unless_allowed(tmp_path):
+    path, _ = trained_adapter(tmp_path, "llama")
+    other = tiny_model("llama", seed=99)
+    with pytest.raises(AdapterError, match="weights_digest"):
+        load_adapter(other, path)
+    load_adapter(other, path, strict_weights=False)
+
+
+def test_fingerprint_does_not_depend_on_dtype_or_wrapping():
+    model = tiny_model("llama")
+    fp = fingerprint(model)
+    assert fingerprint(tiny_model("llama", torch.bfloat16)) == fp
+    retrofit(model)
+    assert fingerprint(model) == fp
+
+
+def test_truncated_weights_give_clear_error(tmp_path):
+    path, _ = trained_adapter(tmp_path)
+    data = (path / WEIGHTS_NAME).read_bytes()
+    (path / WEIGHTS_NAME).write_bytes(data[: len(data) // 2])
+    model = tiny_model("llama")
+    with pytest.raises(AdapterError, match="truncated or corrupt"):
+        load_adapter(model, path)
+    assert type(model.model.layers[0]).__name__ == "LlamaDecoderLayer"  # left un-retrofitted
+
+
+def test_corrupt_config_gives_clear_error(tmp_path):
+    path, _ = trained_adapter(tmp_path)
+    (path / CONFIG_NAME).write_text("{not json")
+    with pytest.raises(AdapterError, match="corrupt"):
+        load_adapter(tiny_model("llama"), path)
+
+
+def test_mismatched_tensors_give_clear_error(tmp_path):
+    path, _ = trained_adapter(tmp_path)
+    cfg = json.loads((path / CONFIG_NAME).read_text())
+    cfg["retrofit"]["rank"] = 4
+    (path / CONFIG_NAME).write_text(json.dumps(cfg))
+    model = tiny_model("llama")
+    with pytest.raises(AdapterError, match="does not match"):
+        load_adapter(model, path)
+    assert type(model.model.layers[0]).__name__ == "LlamaDecoderLayer"
+
+
+def test_missing_folder_gives_clear_error(tmp_path):
+    with pytest.raises(AdapterError, match="not an adapter folder"):
+        load_adapter(tiny_model("llama"), tmp_path / "nope")
+
+
+def test_failed_save_leaves_previous_files_intact(tmp_path, monkeypatch):
+    path, _ = trained_adapter(tmp_path)
+    before = (path / WEIGHTS_NAME).read_bytes()
+    import reskip.adapter_io as io
+
+    def boom(*a, **k):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(io, "save_file", boom)
+    rm = retrofit(tiny_model("llama"), RetrofitConfig(block_size=2, rank=8))
+    with pytest.raises(RuntimeError):
+        rm.save_adapter(path)
+    assert (path / WEIGHTS_NAME).read_bytes() == before
+    assert sorted(os.listdir(path)) == [CONFIG_NAME, WEIGHTS_NAME]

