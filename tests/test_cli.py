@@ -16,7 +16,7 @@ def tiny_folder(tmp_path):
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     model = tiny_model("qwen3")
-    vocab = {f"w{i}": i for i in range(96)}
+    vocab = {f"w{i}": i for i in range(95)}
     vocab["[UNK]"] = 95
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
