@@ -117,7 +117,7 @@ def test_skipped_block_is_identity():
 
     def spy(n, h):
         captured[n] = h
-        hook(n, h)
+        return hook(n, h)
 
     rm.depth_pass.leave_block = spy
     enter = rm.depth_pass.enter_block
@@ -151,3 +151,31 @@ def test_retrofitting_twice_is_refused():
     retrofit(model)
     with pytest.raises(ValueError, match="already retrofitted"):
         retrofit(model)
+
+
+def test_kl_matches_reference_value_and_gradient():
+    from reskip.losses import kl_sum
+
+    torch.manual_seed(0)
+    t = torch.randn(2, 5, 11) * 3
+    s = (torch.randn(2, 5, 11) * 3).requires_grad_(True)
+    s_ref = s.detach().clone().requires_grad_(True)
+    ref = torch.nn.functional.kl_div(s_ref.log_softmax(-1), t.log_softmax(-1), log_target=True, reduction="sum")
+    ref.backward()
+    out = kl_sum(t.clone(), s)
+    (2 * out).backward()
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(s.grad, 2 * s_ref.grad)
+    assert kl_sum(t.clone(), t.clone()).abs() < 1e-5
+
+
+def test_ce_sum_is_shifted_next_token_loss():
+    from reskip.losses import ce_sum
+
+    torch.manual_seed(0)
+    logits, labels = torch.randn(2, 6, 9), torch.randint(0, 9, (2, 6))
+    labels[0, 3] = -100
+    ref = torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, 9), labels[:, 1:].reshape(-1), ignore_index=-100, reduction="sum"
+    )
+    torch.testing.assert_close(ce_sum(logits, labels), ref)

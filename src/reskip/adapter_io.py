@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import torch
@@ -22,6 +20,7 @@ from torch import nn
 from . import __version__
 from .config import RetrofitConfig
 from .errors import AdapterError
+from .io_atomic import atomic_write, atomic_write_text
 from .model import ReskipModel
 
 CONFIG_NAME = "adapter_config.json"
@@ -70,22 +69,6 @@ def fingerprint(base_model: nn.Module) -> dict:
     }
 
 
-def _atomic_write(path: Path, write) -> None:
-    """Write via a temp file in the same folder, then rename: never a half-written file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    _atomic_write(path, lambda tmp: Path(tmp).write_text(text))
-
-
 def save_adapter(model: ReskipModel, path, metadata: dict | None = None) -> Path:
     """Write the side-channel and its config into folder `path` (created if needed)."""
     path = Path(path)
@@ -102,7 +85,7 @@ def save_adapter(model: ReskipModel, path, metadata: dict | None = None) -> Path
         "backbone": fingerprint(model.base_model),
         "metadata": metadata or {},
     }
-    _atomic_write(path / WEIGHTS_NAME, lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
+    atomic_write(path / WEIGHTS_NAME, lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
     atomic_write_text(path / CONFIG_NAME, json.dumps(config, indent=2))
     return path
 

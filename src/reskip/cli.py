@@ -80,7 +80,7 @@ def cmd_params(args) -> int:
 
 def cmd_run(args) -> int:
     """The main job. At this stage: parity (fp32, bf16) and parameter accounting on one model."""
-    from .adapter_io import atomic_write_text
+    from .io_atomic import atomic_write_text
     from .backbones import DEFAULT_BACKBONE, load_backbone
     from .parity import check_parity, tokenize_batch
     from .accounting import count_params
@@ -102,6 +102,60 @@ def cmd_run(args) -> int:
     atomic_write_text(out / "parity.json", json.dumps(results, indent=2))
     print(f"wrote {out / 'parity.json'}")
     return 0 if all(r["equal"] for r in results["parity"]) else 1
+
+
+RETROFIT_FLAGS = ("block_size", "rank", "boundaries")
+
+
+def _train_config(args):
+    """YAML file (or the run folder's resolved config on --resume) + flags -> TrainConfig."""
+    import dataclasses
+
+    import yaml
+
+    from .train_config import TrainConfig
+
+    overrides, retrofit = {}, {}
+    for f in dataclasses.fields(TrainConfig):
+        raw = getattr(args, f.name, None)
+        if f.name == "retrofit" or raw is None:
+            continue
+        if f.name == "data":
+            overrides["data"] = raw
+            continue
+        try:
+            overrides[f.name] = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            raise ReskipError(f"--{f.name.replace('_', '-')}: cannot read {raw!r}")
+    for name in RETROFIT_FLAGS:
+        raw = getattr(args, name, None)
+        if raw is not None:
+            retrofit[name] = [int(x) for x in str(raw).split(",")] if name == "boundaries" else raw
+    source = None
+    if args.resume:
+        source = Path(args.resume) / "config.yaml"
+        if not source.is_file():
+            raise ReskipError(f"{args.resume} is not a run folder (no config.yaml)")
+    elif args.config:
+        source = Path(args.config)
+        if not source.is_file():
+            raise ReskipError(f"config file {args.config} does not exist")
+    cfg = TrainConfig.from_yaml(source.read_text() if source else "", overrides)
+    cfg.retrofit = {**cfg.retrofit, **retrofit}
+    return cfg
+
+
+def cmd_train(args) -> int:
+    from .training import format_summary, train
+
+    cfg = _train_config(args)
+    cfg.validate()
+    out = Path(args.resume or args.out or f"runs/train-{time.strftime('%Y%m%d-%H%M%S')}")
+    summary = train(cfg, out, resume=bool(args.resume), show_progress=not args.quiet)
+    if summary:
+        print(format_summary(summary))
+        print(f"adapter: {out / 'adapter'}   log: {out / 'train_log.jsonl'}")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -129,6 +183,24 @@ def build_parser() -> argparse.ArgumentParser:
     retrofit_flags(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_params)
+
+    p = sub.add_parser("train", help="train the side-channel (three-term loss) on a frozen backbone")
+    p.add_argument("--config", help="YAML file with training keys (flags override it)")
+    p.add_argument("--out", help="run folder (default runs/train-<timestamp>)")
+    p.add_argument("--resume", metavar="RUN", help="continue RUN exactly from its last checkpoint")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--model", default=None, help="backbone; default: bundled SmolLM2-135M-Instruct")
+    p.add_argument("--data", nargs="+", help="'default' (bundled mix), .txt/.jsonl files, folders, or HF dataset ids")
+    from .train_config import TrainConfig
+    import dataclasses
+
+    for f in dataclasses.fields(TrainConfig):
+        if f.name not in ("model", "data", "retrofit"):
+            p.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, default=None, metavar="V")
+    p.add_argument("--block-size", type=int, default=None)
+    p.add_argument("--boundaries", default=None)
+    p.add_argument("--rank", type=int, default=None)
+    p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("run", help="the main job on the default model")
     model_flags(p)

@@ -9,11 +9,22 @@ layers.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
 from . import compat
 from .side_channel import SideChannel
+
+
+@dataclass
+class Captured:
+    """A finished pass: states h_0..h_N, their RMS-normalised copies, block inputs x_n."""
+
+    states: list[torch.Tensor]
+    normed: list[torch.Tensor]
+    inputs: dict[int, torch.Tensor]
 
 
 class DepthPass:
@@ -33,13 +44,24 @@ class DepthPass:
         self.record_alphas = False
         self.states: list[torch.Tensor] = []
         self.normed: list[torch.Tensor] = []
+        self.inputs: dict[int, torch.Tensor] = {}
         self.alphas: dict[int, torch.Tensor] = {}
+        # capture: keep the pass's states and block inputs after it ends (in `captured`).
+        # replay: (k, captured, identity) -> blocks 1..k are not run; the stream continues
+        # after block k from the captured x_k (identity: block k skipped) or h_k (block k as it
+        # ran), and blocks k+1..N run on the captured prefix states h_0..h_{k-1}.
+        self.capture = False
+        self.captured: Captured | None = None
+        self.replay: tuple[int, Captured, bool] | None = None
 
     def enter_block(self, n: int, hidden: torch.Tensor) -> torch.Tensor:
         """Called before block n's first layer with h_{n-1}; returns the block input x_n."""
         if n == 1:
-            self.states, self.normed, self.alphas = [hidden], [], {}
+            self.states, self.normed, self.inputs, self.alphas = [hidden], [], {}, {}
+        if self.replay is not None and n <= self.replay[0]:
+            return hidden
         if n == 1 or not self.enabled:
+            self.inputs[n] = hidden
             return hidden
         # RMSNorm(h_i) has no learned scale, so each source is normalised once per pass
         # and shared by every later router.
@@ -50,14 +72,32 @@ class DepthPass:
         delta, alpha = self.side_channel.block(n)(sources, normed, self.side_channel.curriculum)
         if self.record_alphas:
             self.alphas[n] = alpha
-        return hidden + delta.to(hidden.dtype)
+        x = hidden + delta.to(hidden.dtype)
+        self.inputs[n] = x
+        return x
 
-    def leave_block(self, n: int, hidden: torch.Tensor) -> None:
-        """Called after block n's last layer with h_n."""
-        self.states.append(hidden)
+    def runs(self, n: int) -> bool:
+        """Whether block n's layers run in this pass (not skipped, not replayed)."""
+        return n not in self.skip and (self.replay is None or n > self.replay[0])
+
+    def leave_block(self, n: int, hidden: torch.Tensor) -> torch.Tensor:
+        """Called after block n's last layer with h_n; returns the h_n the stream continues with."""
+        if self.replay is not None and n <= self.replay[0]:
+            k, cap, identity = self.replay
+            if n < k:
+                return hidden  # placeholder flowing through un-run blocks; replaced at block k
+            hidden = cap.inputs[k] if identity else cap.states[k]
+            self.states = cap.states[:k] + [hidden]
+            self.normed = cap.normed[: min(k, len(cap.normed))]
+            self.inputs = {j: x for j, x in cap.inputs.items() if j <= k}
+        else:
+            self.states.append(hidden)
         if n == self.n_blocks:
+            if self.capture:
+                self.captured = Captured(self.states, self.normed, self.inputs)
             # Drop references so activations are not kept alive between passes.
-            self.states, self.normed = [], []
+            self.states, self.normed, self.inputs = [], [], {}
+        return hidden
 
 
 class BlockLayer(nn.Module):
@@ -85,10 +125,13 @@ class BlockLayer(nn.Module):
         dp = self._depth_pass
         if self.is_first:
             hidden_states = dp.enter_block(self.block, hidden_states)
-        if self.block in dp.skip:
-            out = compat.identity_output(hidden_states)
-        else:
+        if dp.runs(self.block):
             out = self.layer(hidden_states, *args, **kwargs)
+        else:
+            out = compat.identity_output(hidden_states)
         if self.is_last:
-            dp.leave_block(self.block, compat.layer_hidden(out))
+            h = compat.layer_hidden(out)
+            h_next = dp.leave_block(self.block, h)
+            if h_next is not h:
+                out = compat.identity_output(h_next)
         return out

@@ -103,6 +103,44 @@ class ReskipModel(nn.Module):
         finally:
             self.depth_pass.skip = previous
 
+    @contextlib.contextmanager
+    def capturing(self):
+        """Keep the states and block inputs of the passes inside; yields a getter for the last one."""
+        dp = self.depth_pass
+        dp.capture, dp.captured = True, None
+        try:
+            yield lambda: dp.captured
+        finally:
+            dp.capture, dp.captured = False, None
+
+    @contextlib.contextmanager
+    def replaying(self, captured, skip_block: int):
+        """Skip branch sharing a captured full pass: block `skip_block` as identity, blocks before it not
+        recomputed (their states are the full pass's, autograd included), blocks after it run anew."""
+        with self._replay(captured, skip_block, identity=True):
+            yield self
+
+    @contextlib.contextmanager
+    def continuing(self, captured, after_block: int):
+        """Start the passes inside from a captured pass's h_{after_block} (blocks up to it not rerun).
+
+        Training uses it to share block 1, which has no side-channel, between teacher and full path."""
+        with self._replay(captured, after_block, identity=False):
+            yield self
+
+    @contextlib.contextmanager
+    def _replay(self, captured, block: int, identity: bool):
+        if not 1 <= block <= self.n_blocks:
+            raise ValueError(f"block {block} out of range 1..{self.n_blocks}")
+        if captured is None:
+            raise ValueError("nothing captured: run a pass inside capturing() first")
+        previous = self.depth_pass.replay
+        self.depth_pass.replay = (block, captured, identity)
+        try:
+            yield
+        finally:
+            self.depth_pass.replay = previous
+
     # ---- running ----------------------------------------------------------------------------
     def forward(self, input_ids=None, attention_mask=None, labels=None, output_alphas: bool = False, **kwargs):
         """Run the backbone's own forward; with `output_alphas`, attach every router's alpha."""

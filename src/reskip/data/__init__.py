@@ -1,0 +1,1 @@
+"""Training data: documents, the bundled default mix, user formats, splits and packing."""

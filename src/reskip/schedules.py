@@ -1,0 +1,34 @@
+"""Schedules: pure functions of the step, so a resumed run is the same run."""
+
+from __future__ import annotations
+
+import math
+import random
+
+
+def curriculum(step: int, total_steps: int, hold_frac: float = 0.02, ramp_end_frac: float = 0.3) -> float:
+    """c(t): 0 during the hold, linear to 1 at `ramp_end_frac` of training, then 1.
+
+    At exactly c = 0 only the entropy term reaches the routers (the LM loss multiplies a
+    zero gate), which is why the hold is short.
+    """
+    t = step / max(total_steps, 1)
+    if t < hold_frac:
+        return 0.0
+    if t >= ramp_end_frac:
+        return 1.0
+    return (t - hold_frac) / (ramp_end_frac - hold_frac)
+
+
+def learning_rate(step: int, total_steps: int, base_lr: float, warmup_frac: float = 0.05, min_lr_frac: float = 0.1) -> float:
+    """Linear warm-up, then cosine decay to `min_lr_frac * base_lr` at the last step."""
+    warmup = max(1, round(warmup_frac * total_steps))
+    if step < warmup:
+        return base_lr * (step + 1) / warmup
+    progress = (step - warmup) / max(1, total_steps - warmup)
+    return base_lr * (min_lr_frac + (1 - min_lr_frac) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
+
+
+def drawn_block(step: int, seed: int, drawable: list[int]) -> int:
+    """The block replaced by identity in the skip branch at `step`: the same on every process."""
+    return random.Random(f"{seed}:{step}").choice(drawable)
