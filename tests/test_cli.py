@@ -3,27 +3,15 @@
 import json
 
 import pytest
-import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from conftest import tiny_model
+from conftest import save_tiny
 from reskip.cli import main
 
 
 @pytest.fixture
 def tiny_folder(tmp_path):
-    from transformers import PreTrainedTokenizerFast
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    model = tiny_model("qwen3")
-    vocab = {f"w{i}": i for i in range(95)}
-    vocab["[UNK]"] = 95
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", eos_token="w1")
-    model.save_pretrained(tmp_path / "m")
-    fast.save_pretrained(tmp_path / "m")
-    return tmp_path / "m"
+    return save_tiny(tmp_path / "m", "qwen3")
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -96,7 +96,8 @@ def train(
     """Train into `run_dir` (config.yaml, splits.json, train_log.jsonl, checkpoints/, adapter/, summary.json)."""
     from .validation import evaluate
 
-    accelerator = Accelerator(gradient_accumulation_steps=cfg.grad_accum)
+    # cpu=True when there is no GPU: under torchrun this gives gloo data-parallel on CPU processes.
+    accelerator = Accelerator(gradient_accumulation_steps=cfg.grad_accum, cpu=not torch.cuda.is_available())
     world, rank = accelerator.num_processes, accelerator.process_index
     cfg.validate(world_size=world)
     run_dir = Path(run_dir)
@@ -190,7 +191,7 @@ def train(
         loss, ce, kl, ent = totals.tolist()
         if done % cfg.log_every == 0 or done == cfg.steps:
             log({"kind": "train", "step": done, "c": c, "lr": lr, "loss": loss, "ce": ce, "kl": kl,
-                 "entropy": ent, "skip_block": k, "tokens_seen": tokens_seen, "elapsed_s": time.time() - t0})
+                 "entropy": ent, "skip_block": k, "tokens_seen": tokens_seen, "processes": world, "elapsed_s": time.time() - t0})
         bar.set_postfix(loss=f"{loss:.3f}", ce=f"{ce:.3f}", kl=f"{kl:.3f}", c=f"{c:.2f}")
         bar.update(1)
         if done % cfg.eval_every == 0 or done == cfg.steps:

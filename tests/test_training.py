@@ -1,0 +1,187 @@
+"""Training: schedules, the shared-prefix skip branch, exact resume, NaN stop, config refusals."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from conftest import batch, save_tiny, tiny_model, write_corpus
+from reskip import ReskipError, RetrofitConfig, retrofit
+from reskip.adapter_io import WEIGHTS_NAME, load_adapter
+from reskip.checkpoint import latest_checkpoint
+from reskip.schedules import curriculum, drawn_block, learning_rate
+from reskip.train_config import TrainConfig
+from reskip.training import TrainingDiverged, train
+
+
+def test_curriculum_holds_ramps_and_stays_open():
+    total = 100
+    assert [curriculum(s, total, 0.05, 0.3) for s in (0, 4)] == [0.0, 0.0]
+    assert curriculum(5, total, 0.05, 0.3) == 0.0  # ramp starts from 0
+    assert curriculum(30, total, 0.05, 0.3) == 1.0 and curriculum(99, total, 0.05, 0.3) == 1.0
+    mid = curriculum(17, total, 0.05, 0.3)
+    assert math.isclose(mid, (0.17 - 0.05) / 0.25)
+    values = [curriculum(s, total, 0.05, 0.3) for s in range(total)]
+    assert values == sorted(values)
+
+
+def test_learning_rate_warms_up_then_decays_to_the_floor():
+    lrs = [learning_rate(s, 100, 1.0, warmup_frac=0.1, min_lr_frac=0.1) for s in range(101)]
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(lrs[9:], lrs[10:]))
+    assert lrs[100] == pytest.approx(0.1)
+
+
+def test_drawn_block_is_a_pure_function_of_seed_and_step():
+    draws = [drawn_block(s, 0, [2, 3, 4]) for s in range(200)]
+    assert draws == [drawn_block(s, 0, [2, 3, 4]) for s in range(200)]
+    assert set(draws) == {2, 3, 4}
+
+
+def _full_and_skip_grads(rm, ids, k, shared: bool):
+    rm.side_channel.zero_grad(set_to_none=True)
+    with rm.capturing() as captured:
+        full = rm(input_ids=ids, use_cache=False).logits
+        cap = captured()
+    if shared:
+        with rm.replaying(cap, k):
+            skip = rm(input_ids=ids, use_cache=False).logits
+    else:
+        with rm.blocks_skipped(k):
+            skip = rm(input_ids=ids, use_cache=False).logits
+    (full.square().mean() + skip.square().mean()).backward()
+    return skip.detach(), [p.grad.clone() for p in rm.trainable_parameters()]
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_shared_prefix_skip_branch_equals_recomputing_it(k):
+    rm = retrofit(tiny_model("qwen3"), RetrofitConfig(block_size=2, rank=8, up_init_std=0.3))
+    ids, _ = batch(pad=False)
+    skip_a, grads_a = _full_and_skip_grads(rm, ids, k, shared=True)
+    skip_b, grads_b = _full_and_skip_grads(rm, ids, k, shared=False)
+    assert torch.equal(skip_a, skip_b)
+    for a, b in zip(grads_a, grads_b):
+        torch.testing.assert_close(a, b)
+
+
+def test_continuing_after_block_one_equals_the_full_pass():
+    rm = retrofit(tiny_model("llama"), RetrofitConfig(block_size=2, rank=8, up_init_std=0.3))
+    ids, _ = batch(pad=False)
+    with torch.no_grad():
+        with rm.side_channel_disabled(), rm.capturing() as captured:
+            rm(input_ids=ids, use_cache=False)
+            teacher = captured()
+        full = rm(input_ids=ids, use_cache=False).logits
+        with rm.continuing(teacher, 1):
+            shared = rm(input_ids=ids, use_cache=False).logits
+    assert torch.equal(full, shared)
+
+
+@pytest.fixture
+def tiny_run(tmp_path):
+    model_dir = save_tiny(tmp_path / "model", "llama")
+    data_dir = write_corpus(tmp_path / "corpus")
+
+    def config(**kw):
+        base = dict(model=str(model_dir), data=[str(data_dir)], seq_len=16, steps=4, batch_size=4,
+                    eval_every=2, save_every=2, eval_sequences=4, lr=1e-2, retrofit={"block_size": 2, "rank": 8})
+        base.update(kw)
+        return TrainConfig(**base)
+
+    return config
+
+
+def test_training_writes_run_files_and_changes_only_the_side_channel(tiny_run, tmp_path):
+    out = tmp_path / "run"
+    summary = train(tiny_run(), out, show_progress=False)
+    assert {p.name for p in out.iterdir()} >= {"config.yaml", "splits.json", "train_log.jsonl", "checkpoints", "adapter", "summary.json"}
+    records = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    trains = [r for r in records if r["kind"] == "train"]
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert [r["step"] for r in trains] == [1, 2, 3, 4] and [r["step"] for r in evals] == [0, 2, 4]
+    for key in ("c", "lr", "loss", "ce", "kl", "entropy", "skip_block", "tokens_seen"):
+        assert key in trains[0]
+    assert trains[-1]["tokens_seen"] == 4 * 4 * 16
+    ev = evals[-1]
+    assert set(ev["entropy"]) == {"2", "3"} and ev["entropy_max"]["3"] == pytest.approx(math.log(3))
+    assert set(ev["skip_kl"]) == {"1", "2", "3"}
+    assert evals[0]["ppl_full"] == evals[0]["ppl_backbone"]  # c = 0 at step 0: the backbone exactly
+    assert summary["steps"] == 4
+    splits = json.loads((out / "splits.json").read_text())["splits"]
+    assert sum(s["documents"] for s in splits.values()) > 100
+    # The saved backbone on disk is untouched, and the adapter loads onto it.
+    from reskip.backbones import load_backbone
+
+    base, _ = load_backbone(tiny_run().model)
+    load_adapter(base, out / "adapter")
+
+
+def test_resume_after_a_kill_is_exact(tiny_run, tmp_path):
+    train(tiny_run(), tmp_path / "straight", show_progress=False)
+
+    def crash(step, model):
+        if step == 2:
+            raise KeyboardInterrupt("simulated kill after the step-2 checkpoint")
+
+    with pytest.raises(KeyboardInterrupt):
+        train(tiny_run(), tmp_path / "resumed", on_step_end=crash, show_progress=False)
+    assert latest_checkpoint(tmp_path / "resumed").name == "step-000002"
+    train(tiny_run(), tmp_path / "resumed", resume=True, show_progress=False)
+    a = (tmp_path / "straight" / "adapter" / WEIGHTS_NAME).read_bytes()
+    b = (tmp_path / "resumed" / "adapter" / WEIGHTS_NAME).read_bytes()
+    assert a == b
+    steps = [json.loads(x)["step"] for x in (tmp_path / "resumed" / "train_log.jsonl").read_text().splitlines()
+             if json.loads(x)["kind"] == "train"]
+    assert steps == [1, 2, 3, 4]
+
+
+def test_nan_loss_stops_with_a_clear_message_and_keeps_the_last_checkpoint(tiny_run, tmp_path):
+    def poison(step, model):
+        if step == 2:
+            with torch.no_grad():
+                model.side_channel.block(2).router.query.fill_(float("nan"))
+
+    with pytest.raises(TrainingDiverged, match="step 2.*Last good checkpoint.*step-000002"):
+        train(tiny_run(), tmp_path / "run", on_step_end=poison, show_progress=False)
+    ckpt = latest_checkpoint(tmp_path / "run")
+    from safetensors.torch import load_file
+
+    assert all(torch.isfinite(t).all() for t in load_file(ckpt / WEIGHTS_NAME).values())
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ({"retrofit": {"rank": 0}}, "rank"),
+        ({"hold_frac": 1.5}, "hold_frac"),
+        ({"ramp_end_frac": -0.1}, "ramp_end_frac"),
+        ({"batch_size": 3, "grad_accum": 2}, "divisible"),
+        ({"steps": 0}, "steps"),
+        ({"seq_len": 4096}, "exceeds the model's limit"),
+        ({"skip_blocks": [7]}, "beyond"),
+    ],
+)
+def test_bad_values_are_refused_before_the_model_loads(tiny_run, tmp_path, monkeypatch, change, message):
+    import reskip.training as training
+
+    def no_load(*a, **k):
+        raise AssertionError("the model was loaded before the config was checked")
+
+    monkeypatch.setattr(training, "load_backbone", no_load)
+    with pytest.raises(ReskipError, match=message):
+        train(tiny_run(**change), tmp_path / "run", show_progress=False)
+    assert not (tmp_path / "run").exists()
+
+
+def test_empty_data_is_refused(tiny_run, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "a.txt").write_text("")
+    with pytest.raises(ReskipError, match="empty|no training documents"):
+        train(tiny_run(data=[str(empty)]), tmp_path / "run", show_progress=False)
+
+
+def test_unknown_keys_are_refused():
+    with pytest.raises(ReskipError, match="unknown training config keys"):
+        TrainConfig.from_yaml("steps: 3\nlearning_rate: 0.1\n")
