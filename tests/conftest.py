@@ -46,9 +46,16 @@ FAMILIES = {
 }
 
 
-def tiny_model(family: str = "llama", dtype=torch.float32, seed: int = 0):
+def tiny_model(family: str = "llama", dtype=torch.float32, seed: int = 0, init_std: float | None = None):
+    """init_std: re-draw every weight matrix with this std. HF's default (0.02) leaves a
+    tiny model's attention nearly uniform, too insensitive for tests of what it attends to."""
     torch.manual_seed(seed)
     model = FAMILIES[family]()
+    if init_std is not None:
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() == 2:
+                    p.normal_(0.0, init_std)
     return model.to(dtype).eval()
 
 

@@ -158,6 +158,92 @@ def cmd_train(args) -> int:
     return 0
 
 
+def _check_range(name, value, lo, hi=None):
+    if value is None:
+        return
+    if value < lo or (hi is not None and value > hi):
+        span = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
+        raise ReskipError(f"--{name} must be {span}, got {value}")
+
+
+def cmd_calibrate(args) -> int:
+    from .calibration import calibrate
+    from .data.packing import pack
+    from .data.sources import load_splits
+    from .run_folder import load_retrofitted, resolve_adapter
+
+    _check_range("delta", args.delta, 0.0)
+    _check_range("quantile", args.quantile, 0.0, 1.0)
+    _check_range("window", args.window, 1)
+    _check_range("max-skips", args.max_skips, 0)
+    _check_range("sequences", args.sequences, 1)
+    source = resolve_adapter(args.adapter)
+    specs = args.data or source.data_specs
+    splits, record = load_splits(specs)
+    if not splits["calib"]:
+        raise ReskipError(f"the calibration split of {specs} is empty: give more documents")
+    model, tokenizer = load_retrofitted(source, args.model, _dtype(args.dtype), args.trust_remote_code)
+    seq_len = args.seq_len or (source.train_config.seq_len if source.train_config else 256)
+    data = pack(tokenizer, splits["calib"], seq_len, args.sequences, seed=0)
+    print(f"[calibrate] {len(data)} sequences x {seq_len} tokens from the calibration split of {specs}", flush=True)
+    policy = calibrate(model, data, args.delta, args.quantile, args.window, args.max_skips,
+                       data_record={"specs": specs, "split": "calib", **record["splits"]["calib"]})
+    out = Path(args.out) if args.out else source.policy_path
+    policy.save(out)
+    print(f"ppl(full) on calibration: {policy.data['ppl_full']:.3f}")
+    print("block  layers   A(n)     I(n)    cos(x,h)  tau      eligible")
+    for b in policy.data["blocks"]:
+        tau = "-" if b["tau"] is None else f"{b['tau']:.3f}"
+        imp = "-" if b["I"] is None else f"{b['I']:.3f}"
+        print(f"{b['block']:>5}  {b['layers'][0]:>2}-{b['layers'][1]:<3}  {b['A']:<8.3f} {imp:<7} {b['cos_in_out']:<9.3f} "
+              f"{tau:<8} {'yes' if b['eligible'] else 'no'}")
+    print(f"wrote {out}")
+    return 0
+
+
+def cmd_generate(args) -> int:
+    import torch
+
+    from .policy_file import PolicyFile, make_policy
+    from .run_folder import load_retrofitted, resolve_adapter
+    from .scoring import generate
+
+    _check_range("window", args.window, 1)
+    _check_range("max-new-tokens", args.max_new_tokens, 1)
+    source = resolve_adapter(args.adapter)
+    spec = args.policy
+    policy_path = Path(spec) if spec.endswith(".json") else source.policy_path
+    policy_file = PolicyFile.load(policy_path) if policy_path.is_file() else None
+    if spec.endswith(".json"):
+        spec = "reskip"
+    if policy_file is None and spec != "none":
+        print(f"note: {source.adapter_dir} has no policy.json: running dense (no block is skipped). "
+              "Run `reskip calibrate` to make one.", file=sys.stderr)
+        spec = "none"
+    make_policy(spec, policy_file, args.seed)  # a bad spec fails here, before the model loads
+    model, tok = load_retrofitted(source, args.model, _dtype(args.dtype), args.trust_remote_code)
+    if policy_file is not None:
+        policy_file.check_model(model)
+    policy = make_policy(spec, policy_file, args.seed)
+    window = args.window or (policy_file.data["window"] if policy_file else 16)
+    if tok.chat_template and not args.raw:
+        text = tok.apply_chat_template([{"role": "user", "content": args.prompt}], tokenize=False, add_generation_prompt=True)
+    else:
+        text = args.prompt
+    enc = tok(text, return_tensors="pt", add_special_tokens=not tok.chat_template or args.raw)
+    torch.manual_seed(args.seed)
+    out, trace = generate(model, enc.input_ids, policy, window, attention_mask=enc.attention_mask,
+                          max_new_tokens=args.max_new_tokens, do_sample=args.sample, temperature=args.temperature,
+                          top_p=args.top_p, pad_token_id=tok.pad_token_id or tok.eos_token_id)
+    new = out[0, enc.input_ids.shape[1]:]
+    print(tok.decode(new, skip_special_tokens=True))
+    print(f"\n[{policy.describe()['policy']}] blocks skipped per step (prefill first), of {model.n_blocks}:")
+    print(" ".join(str(len(t.skipped)) for t in trace[: len(new)]))
+    per_token = [len(t.skipped) for t in trace[: len(new)]]
+    print(f"mean {sum(per_token) / max(1, len(per_token)):.2f} blocks skipped per step")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="reskip", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -201,6 +287,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--boundaries", default=None)
     p.add_argument("--rank", type=int, default=None)
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("calibrate", help="calibrate a ReSkip policy (policy.json) on the calibration split")
+    p.add_argument("--adapter", required=True, help="training run folder or adapter folder")
+    p.add_argument("--model", default=None, help="backbone (default: the run's, else the bundled one)")
+    p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--dtype", choices=DTYPES, default="float32")
+    p.add_argument("--data", nargs="+", help="data specs (default: the run's data); the calib split is used")
+    p.add_argument("--delta", type=float, default=0.2, help="eligible when A(n) < 1 + delta (default 0.2)")
+    p.add_argument("--quantile", type=float, default=0.5, help="tau_n = this quantile of w_recent(n) (default 0.5)")
+    p.add_argument("--window", type=int, default=16, help="W: tokens in w_recent (default 16)")
+    p.add_argument("--max-skips", type=int, default=2, help="M_max: blocks skipped per step at most (default 2)")
+    p.add_argument("--sequences", type=int, default=32, help="calibration sequences (default 32)")
+    p.add_argument("--seq-len", type=int, default=None, help="default: the run's seq_len, else 256")
+    p.add_argument("--out", help="policy file (default: RUN/policy.json)")
+    p.set_defaults(func=cmd_calibrate)
+
+    p = sub.add_parser("generate", help="generate with a skip policy; prints blocks skipped per token")
+    p.add_argument("prompt")
+    p.add_argument("--adapter", required=True, help="training run folder or adapter folder")
+    p.add_argument("--policy", default="reskip", help="reskip[:Q] | none | static:K | influence:K | random:P | a policy.json")
+    p.add_argument("--model", default=None)
+    p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--dtype", choices=DTYPES, default="float32")
+    p.add_argument("--window", type=int, default=None, help="default: the policy's")
+    p.add_argument("--max-new-tokens", type=int, default=40)
+    p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("run", help="the main job on the default model")
     model_flags(p)

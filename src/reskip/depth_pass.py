@@ -53,11 +53,20 @@ class DepthPass:
         self.capture = False
         self.captured: Captured | None = None
         self.replay: tuple[int, Captured, bool] | None = None
+        # ReSkip: `runtime` decides per pass (step) which blocks to skip, before each block
+        # runs; `step_skip` holds this pass's decisions. `position_skip` (reference mode, no
+        # cache) skips block n only at the positions where its (B, T) bool mask is True.
+        self.runtime = None
+        self.step_skip: set[int] = set()
+        self.position_skip: dict[int, torch.Tensor] = {}
 
     def enter_block(self, n: int, hidden: torch.Tensor) -> torch.Tensor:
         """Called before block n's first layer with h_{n-1}; returns the block input x_n."""
         if n == 1:
             self.states, self.normed, self.inputs, self.alphas = [hidden], [], {}, {}
+            self.step_skip = set()
+            if self.runtime is not None:
+                self.runtime.begin_step(hidden.shape[1])
         if self.replay is not None and n <= self.replay[0]:
             return hidden
         if n == 1 or not self.enabled:
@@ -72,13 +81,15 @@ class DepthPass:
         delta, alpha = self.side_channel.block(n)(sources, normed, self.side_channel.curriculum)
         if self.record_alphas:
             self.alphas[n] = alpha
+        if self.runtime is not None and self.runtime.decide(n, alpha[..., -1]):  # alpha_{n-1 -> n}: (B, T)
+            self.step_skip.add(n)
         x = hidden + delta.to(hidden.dtype)
         self.inputs[n] = x
         return x
 
     def runs(self, n: int) -> bool:
         """Whether block n's layers run in this pass (not skipped, not replayed)."""
-        return n not in self.skip and (self.replay is None or n > self.replay[0])
+        return n not in self.skip and n not in self.step_skip and (self.replay is None or n > self.replay[0])
 
     def leave_block(self, n: int, hidden: torch.Tensor) -> torch.Tensor:
         """Called after block n's last layer with h_n; returns the h_n the stream continues with."""
@@ -127,7 +138,13 @@ class BlockLayer(nn.Module):
             hidden_states = dp.enter_block(self.block, hidden_states)
         if dp.runs(self.block):
             out = self.layer(hidden_states, *args, **kwargs)
+            mask = dp.position_skip.get(self.block)
+            if mask is not None:  # reference mode: identity at the skipped positions only
+                h = torch.where(mask[..., None], hidden_states, compat.layer_hidden(out))
+                out = compat.identity_output(h)
         else:
+            if dp.replay is None and compat.layer_cache(kwargs) is not None:
+                compat.append_kv(self.layer, hidden_states, kwargs)  # later tokens still attend here
             out = compat.identity_output(hidden_states)
         if self.is_last:
             h = compat.layer_hidden(out)

@@ -141,6 +141,43 @@ class ReskipModel(nn.Module):
         finally:
             self.depth_pass.replay = previous
 
+    @contextlib.contextmanager
+    def skipping(self, policy, window: int):
+        """Apply a skip policy to every pass inside (scoring, chunks, `generate`); yields the runtime,
+        whose `trace` records which blocks ran at each step. A pass that starts with an empty
+        cache starts a new sequence (history and trace reset)."""
+        from . import compat
+        from .skipping import SkipRuntime
+
+        runtime = SkipRuntime(policy, window)
+
+        def before_forward(module, args, kwargs):
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            length = (ids if ids is not None else kwargs["inputs_embeds"]).shape[1]
+            cache = compat.layer_cache(kwargs)
+            mask = kwargs.get("attention_mask")
+            valid = mask[:, -length:].bool() if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
+            runtime.set_step_mask(valid, new_sequence=cache is None or cache.get_seq_length() == 0)
+
+        handle = self.base_model.register_forward_pre_hook(before_forward, with_kwargs=True)
+        previous = self.depth_pass.runtime
+        self.depth_pass.runtime = runtime
+        try:
+            yield runtime
+        finally:
+            handle.remove()
+            self.depth_pass.runtime = previous
+
+    @contextlib.contextmanager
+    def skipping_positions(self, masks: dict):
+        """Reference mode (no cache): block n acts as identity exactly where masks[n] (B, T) is True."""
+        previous = self.depth_pass.position_skip
+        self.depth_pass.position_skip = dict(masks)
+        try:
+            yield self
+        finally:
+            self.depth_pass.position_skip = previous
+
     # ---- running ----------------------------------------------------------------------------
     def forward(self, input_ids=None, attention_mask=None, labels=None, output_alphas: bool = False, **kwargs):
         """Run the backbone's own forward; with `output_alphas`, attach every router's alpha."""

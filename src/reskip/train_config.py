@@ -28,7 +28,7 @@ class TrainConfig:
     data: list[str] = field(default_factory=lambda: ["default"])
     data_weights: dict[str, float] | None = None
     seq_len: int = 256
-    steps: int = 200
+    steps: int = 100
     batch_size: int = 8
     grad_accum: int = 1
     lr: float = 2e-3
@@ -41,9 +41,9 @@ class TrainConfig:
     hold_frac: float = 0.02
     ramp_end_frac: float = 0.3
     skip_blocks: list[int] | None = None
-    eval_every: int = 50
+    eval_every: int = 25
     eval_sequences: int = 16
-    save_every: int = 50
+    save_every: int = 25
     log_every: int = 1
     seed: int = 0
     retrofit: dict = field(default_factory=dict)

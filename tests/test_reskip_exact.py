@@ -1,0 +1,146 @@
+"""ReSkip execution: exact KV cache for skipped blocks, against a cache-free reference."""
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from conftest import VOCAB, batch, tiny_model
+from reskip import RetrofitConfig, retrofit
+from reskip.compat import append_kv, cache_kwarg
+from reskip.scoring import generate, reference_logits, score
+from reskip.skipping import NoSkip, RandomSkip, ReSkip, StaticSkip
+
+EXACT_FAMILIES = ["llama", "qwen3", "gemma3", "qwen2", "mistral"]
+
+
+@pytest.mark.parametrize("family", EXACT_FAMILIES)
+def test_append_kv_caches_what_the_familys_attention_caches(family):
+    model = tiny_model(family)
+    ids, _ = batch(pad=False)
+    seen = {}
+    j = 4  # a sliding-window layer for gemma3 (layer types s, s, f, s, s, f)
+
+    def grab(module, args, kwargs):
+        seen["hidden"], seen["kwargs"] = args[0] if args else kwargs["hidden_states"], dict(kwargs)
+
+    handle = model.model.layers[j].register_forward_pre_hook(grab, with_kwargs=True)
+    real = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(input_ids=ids, use_cache=True, **{cache_kwarg(): real})
+    handle.remove()
+    mine = DynamicCache(config=model.config)
+    kwargs = {**seen["kwargs"], cache_kwarg(): mine}
+    with torch.no_grad():
+        for i in range(j + 1):  # fill lower layers so layer j's slot exists in the same layout
+            if i < j:
+                mine.update(real.layers[i].keys, real.layers[i].values, i)
+        append_kv(model.model.layers[j], seen["hidden"], kwargs)
+    assert torch.equal(mine.layers[j].keys, real.layers[j].keys)
+    assert torch.equal(mine.layers[j].values, real.layers[j].values)
+
+
+def _rm(family):
+    rm = retrofit(tiny_model(family, init_std=0.3), RetrofitConfig(block_size=2, rank=8, up_init_std=0.3))
+    rm.set_curriculum(1.0)
+    return rm
+
+
+def _step_logits_match_reference(rm, ids, mask, policy, max_new=8, sample=False):
+    kw = dict(max_new_tokens=max_new, do_sample=sample, output_logits=True, return_dict_in_generate=True,
+              pad_token_id=0, top_k=0)
+    if sample:
+        torch.manual_seed(7)
+    out, trace = generate(rm, ids, policy, window=3, attention_mask=mask, **kw)
+    seq = out.sequences
+    full_mask = torch.cat([mask, torch.ones(seq.shape[0], seq.shape[1] - mask.shape[1], dtype=mask.dtype)], 1)
+    ref = reference_logits(rm, seq, trace, attention_mask=full_mask)
+    prompt = ids.shape[1]
+    for i, step_logits in enumerate(out.logits):  # step i predicts token prompt + i from position prompt + i - 1
+        torch.testing.assert_close(step_logits, ref[:, prompt + i - 1], rtol=1e-4, atol=1e-4)
+    return seq, trace
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3"])
+@pytest.mark.parametrize("bsz,pad", [(1, False), (3, True)])
+def test_cached_generation_equals_reference(family, bsz, pad):
+    rm = _rm(family)
+    ids, mask = batch(bsz=bsz, seq=10, pad=pad)
+    policy = RandomSkip(p=0.5, eligible={2, 3}, seed=1)
+    seq, trace = _step_logits_match_reference(rm, ids, mask, policy)
+    assert any(t.skipped for t in trace) and not all(t.skipped for t in trace)
+    # Skipping really changed the computation: the dense logits differ.
+    with torch.no_grad():
+        dense = rm(input_ids=seq, attention_mask=torch.ones_like(seq) if not pad else None).logits
+    ref = reference_logits(rm, seq, trace)
+    assert not torch.allclose(dense, ref)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_sampling_equals_reference(family):
+    rm = _rm(family)
+    ids, mask = batch(bsz=2, seq=8, pad=True)
+    _step_logits_match_reference(rm, ids, mask, StaticSkip({2}), sample=True)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3"])
+def test_never_skipping_reproduces_dense_generation(family):
+    rm = _rm(family)
+    ids, mask = batch(bsz=2, seq=9, pad=True)
+    kw = dict(attention_mask=mask, max_new_tokens=10, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        dense = rm.generate(ids, **kw)
+    for policy in (NoSkip(), ReSkip(tau={2: 2.0, 3: 2.0}, eligible={2, 3}, max_skips=2)):
+        out, trace = generate(rm, ids, policy, window=4, **kw)
+        assert torch.equal(out, dense)
+        assert all(not t.skipped for t in trace) and len(trace) == 10
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3"])
+def test_chunked_scoring_equals_reference(family):
+    rm = _rm(family)
+    ids = torch.randint(3, VOCAB, (2, 14), generator=torch.Generator().manual_seed(3))
+    logits, trace = score(rm, ids, RandomSkip(p=0.5, eligible={2, 3}, seed=4), window=5, chunk_size=4)
+    assert [t.length for t in trace] == [4, 4, 4, 2] and [t.start for t in trace] == [0, 4, 8, 12]
+    torch.testing.assert_close(logits, reference_logits(rm, ids, trace), rtol=1e-4, atol=1e-4)
+
+
+def test_reskip_rule_window_and_cap():
+    rm = _rm("llama")
+    ids = torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(0))
+    # tau below any weight: every eligible block wants to skip; the cap allows one per step.
+    policy = ReSkip(tau={2: -1.0, 3: -1.0}, eligible={2, 3}, max_skips=1)
+    _, trace = score(rm, ids, policy, window=2, chunk_size=2)
+    assert all(t.skipped == [2] for t in trace)
+    # w_recent is the mean of alpha_{n-1 -> n} over the last W tokens, reaching into earlier steps.
+    with torch.no_grad():
+        alphas = rm(input_ids=ids, output_alphas=True).alphas
+    a3 = alphas[3][0, :, -1]
+    _, trace = score(rm, ids, NoSkip(), window=3, chunk_size=2)
+    assert trace[1].w_recent[3] == pytest.approx(float(a3[1:4].mean()), abs=1e-5)
+    assert trace[0].w_recent[3] == pytest.approx(float(a3[0:2].mean()), abs=1e-5)
+
+
+@pytest.mark.real
+def test_bundled_model_cached_generation_equals_reference(smollm2):
+    model, tok = smollm2
+    rm = retrofit(model, RetrofitConfig())
+    try:
+        rm.set_curriculum(1.0)
+        enc = tok(["The history of the Roman empire", "def fibonacci(n):"], return_tensors="pt", padding=True)
+        kw = dict(max_new_tokens=6, do_sample=False, pad_token_id=tok.pad_token_id)
+        with torch.no_grad():
+            dense = rm.generate(enc.input_ids, attention_mask=enc.attention_mask, **kw)
+        out, trace = generate(rm, enc.input_ids, NoSkip(), window=8, attention_mask=enc.attention_mask, **kw)
+        assert torch.equal(out, dense)
+        policy = RandomSkip(p=0.5, eligible={3, 4, 5}, seed=2)
+        out, trace = generate(rm, enc.input_ids, policy, window=8, attention_mask=enc.attention_mask,
+                              output_logits=True, return_dict_in_generate=True, **kw)
+        assert any(t.skipped for t in trace)
+        seq = out.sequences
+        mask = torch.cat([enc.attention_mask, torch.ones(2, seq.shape[1] - enc.input_ids.shape[1], dtype=torch.long)], 1)
+        ref = reference_logits(rm, seq, trace, attention_mask=mask)
+        p = enc.input_ids.shape[1]
+        for i, step_logits in enumerate(out.logits):
+            torch.testing.assert_close(step_logits, ref[:, p + i - 1], rtol=1e-4, atol=2e-4)
+    finally:
+        rm.unretrofit()
