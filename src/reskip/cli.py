@@ -244,6 +244,70 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def cmd_eval(args) -> int:
+    from .data.packing import pack
+    from .data.sources import load_splits
+    from .evaluation import Method, evaluate_methods, parse_methods
+    from .io_atomic import atomic_write_json, atomic_write_text
+    from .multiple_choice import load_benchmark, mc_accuracy
+    from .policy_file import PolicyFile
+    from .results_table import markdown
+    from .run_folder import load_retrofitted, resolve_adapter
+
+    _check_range("window", args.window, 1)
+    _check_range("chunk-size", args.chunk_size, 1)
+    _check_range("sequences", args.sequences, 1)
+    source = resolve_adapter(args.adapter)
+    policy_file = PolicyFile.load(source.policy_path) if source.policy_path.is_file() else None
+    methods = parse_methods(args.methods, policy_file, args.seed)
+    mc_methods = parse_methods(args.mc_methods, policy_file, args.seed) if args.benchmarks else []
+    questions = {b: load_benchmark(b, args.mc_limit, args.seed) for b in (args.benchmarks or [])}
+    specs = args.data or source.data_specs
+    splits, record = load_splits(specs)
+    if not splits["test"]:
+        raise ReskipError(f"the test split of {specs} is empty")
+    model, tok = load_retrofitted(source, args.model, _dtype(args.dtype), args.trust_remote_code)
+    if policy_file is not None:
+        policy_file.check_model(model)
+    window = args.window or (policy_file.data["window"] if policy_file else 16)
+    seq_len = args.seq_len or (source.train_config.seq_len if source.train_config else 256)
+    data = pack(tok, splits["test"], seq_len, args.sequences, seed=0)
+    print(f"[eval] {len(methods)} methods on {len(data)} test sequences x {seq_len} tokens", flush=True)
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(data), desc="eval", unit="seq", disable=args.quiet)
+    results = evaluate_methods(model, data, methods, window, args.chunk_size, policy_file, args.seed,
+                               progress=lambda i, n: bar.update(1))
+    bar.close()
+    mc = {}
+    for m in mc_methods:
+        for b, qs in questions.items():
+            print(f"[eval] {b} with {m.name} ({len(qs)} questions)", flush=True)
+            mc.setdefault(m.name, {})[b] = mc_accuracy(model, tok, qs, m.policy, window)
+    frontier = [{"method": name, "flops_executed_share": r["flops_executed_share"],
+                 "blocks_executed_share": 1 - r["mean_skipped"] / model.n_blocks, "ppl_ratio": r["ppl_ratio"],
+                 "top1_agreement": r["top1_agreement"]} for name, r in results.items()]
+    out = {
+        "meta": {"adapter": str(source.adapter_dir), "policy": str(source.policy_path) if policy_file else None,
+                 "sequences": len(data), "seq_len": seq_len, "chunk_size": args.chunk_size, "window": window,
+                 "n_blocks": model.n_blocks, "test_split": record["splits"]["test"], "data": specs},
+        "methods": results,
+        "multiple_choice": mc,
+        "frontier": frontier,
+    }
+    folder = Path(args.out) if args.out else (source.run_dir or source.adapter_dir) / "eval"
+    atomic_write_json(folder / "results.json", out)
+    table = markdown(out)
+    atomic_write_text(folder / "results.md", table)
+    print(table)
+    print(f"wrote {folder / 'results.json'} and {folder / 'results.md'}")
+    bad = [n for n, r in results.items() if r["top1_change_rate_where_margin_holds"] not in (None, 0.0)]
+    if bad:
+        print(f"BUG: top-1 changed where 2 eps < Delta for {bad}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="reskip", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -318,6 +382,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--raw", action="store_true", help="do not apply the chat template")
     p.set_defaults(func=cmd_generate)
+
+    from .evaluation import DEFAULT_METHODS
+
+    p = sub.add_parser("eval", help="evaluate backbone, retrofit and skip policies side by side (results.json + .md)")
+    p.add_argument("--adapter", required=True, help="training run folder or adapter folder")
+    p.add_argument("--methods", nargs="+", default=DEFAULT_METHODS,
+                   help="backbone retrofit reskip[:Q[:M]] static:K influence:K random:P matched")
+    p.add_argument("--benchmarks", nargs="*", default=["mmlu"],
+                   help="mmlu and/or bigbench:TASK (e.g. bigbench:social_iqa); none: skip multiple choice")
+    p.add_argument("--mc-methods", nargs="+", default=["backbone", "retrofit", "reskip"])
+    p.add_argument("--mc-limit", type=int, default=50, help="questions per benchmark (deterministic sample)")
+    p.add_argument("--model", default=None)
+    p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--dtype", choices=DTYPES, default="float32")
+    p.add_argument("--data", nargs="+", help="data specs (default: the run's); the test split is used")
+    p.add_argument("--sequences", type=int, default=16, help="test sequences (default 16)")
+    p.add_argument("--seq-len", type=int, default=None)
+    p.add_argument("--chunk-size", type=int, default=32, help="tokens per step when scoring (default 32)")
+    p.add_argument("--window", type=int, default=None, help="default: the policy's")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", help="folder for results.json / results.md (default RUN/eval)")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("run", help="the main job on the default model")
     model_flags(p)

@@ -1,0 +1,32 @@
+"""results.json -> a Markdown table (reads the results only)."""
+
+from __future__ import annotations
+
+
+def _f(x, fmt):
+    return "-" if x is None else format(x, fmt)
+
+
+def markdown(results: dict) -> str:
+    methods = results["methods"]
+    mc_names = sorted({b for r in results.get("multiple_choice", {}).values() for b in r})
+    head = ["method", "ppl", "ppl / backbone", "top-1 agree", "KL to backbone", "blocks skipped / step",
+            "layer FLOPs executed", "2 eps < Delta", "top-1 change where it holds"]
+    head += [f"{b} acc (chance)" for b in mc_names]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, r in methods.items():
+        row = [name + (" (matched)" if r.get("matched") else ""), _f(r["ppl"], ".3f"), _f(r["ppl_ratio"], ".4f"),
+               _f(r["top1_agreement"], ".4f"), _f(r["kl_to_backbone"], ".4f"), _f(r["mean_skipped"], ".2f"),
+               _f(r["flops_executed_share"], ".3f"), _f(r["margin_holds_share"], ".3f"),
+               _f(r["top1_change_rate_where_margin_holds"], ".4f")]
+        for b in mc_names:
+            m = results.get("multiple_choice", {}).get(name, {}).get(b)
+            row.append("-" if m is None else f"{m['acc']:.3f} ({m['chance']:.2f})")
+        lines.append("| " + " | ".join(row) + " |")
+    meta = results["meta"]
+    lines.append("")
+    lines.append(f"Test split: {meta['sequences']} sequences x {meta['seq_len']} tokens, scored one sequence at a time "
+                 f"in chunks of {meta['chunk_size']} tokens (one step per chunk), window W = {meta['window']}. "
+                 "eps = max |logit change| from skipping vs the retrofit without skipping; Delta = its top-1 minus "
+                 "top-2 logit. Multiple choice: log-likelihood, one step per scored sequence.")
+    return "\n".join(lines) + "\n"
