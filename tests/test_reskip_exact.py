@@ -75,6 +75,14 @@ def test_cached_generation_equals_reference(family, bsz, pad):
     assert not torch.allclose(dense, ref)
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_static_skip_of_the_first_and_a_later_block_equals_reference(family):
+    rm = _rm(family)
+    ids, mask = batch(bsz=2, seq=8, pad=True)
+    seq, trace = _step_logits_match_reference(rm, ids, mask, StaticSkip({1, 3}))
+    assert all(t.skipped == [1, 3] for t in trace)
+
+
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 def test_sampling_equals_reference(family):
     rm = _rm(family)

@@ -78,15 +78,15 @@ def cmd_params(args) -> int:
     return 0
 
 
-def cmd_run(args) -> int:
-    """The main job. At this stage: parity (fp32, bf16) and parameter accounting on one model."""
+def cmd_run_parity(args) -> int:
+    """Pipeline stage 1: parity (fp32, bf16) and parameter accounting -> OUT/parity.json."""
     from .io_atomic import atomic_write_text
     from .backbones import DEFAULT_BACKBONE, load_backbone
     from .parity import check_parity, tokenize_batch
     from .accounting import count_params
 
     config = _retrofit_config(args)
-    out = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}")
+    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     name = args.model or DEFAULT_BACKBONE
     results = {"model": name, "parity": []}
@@ -308,6 +308,59 @@ def cmd_eval(args) -> int:
     return 0
 
 
+def cmd_diagnose(args) -> int:
+    from .diagnose_run import diagnose
+
+    _check_range("context", args.context, 1)
+    path = diagnose(args.run, args.model, args.context, args.sequences, args.sample_tokens)
+    d = json.loads(path.read_text())
+    print("routing health:")
+    for r in d["routing_health"]:
+        ratio = "-" if r["entropy_ratio"] is None else f"{r['entropy_ratio']:.2f}"
+        print(f"  block {r['block']}: H/log n = {ratio}, alpha on h_(n-1) = {r['alpha_on_prev']:.2f}  {r['status']}")
+    dil = d["dilution"]
+    print(f"dilution: cos^2(h0, h_L) = {dil['cos2'][-1]:.4f}, |h0|^2/|h_L|^2 = {dil['energy_ratio'][-1]:.4f} "
+          f"(toy model {dil['toy_model'][-1]:.4f})")
+    if "reading_discipline" in d:
+        print(f"Spearman(I, A) = {d['reading_discipline']['spearman_I_vs_A']}")
+    print(f"wrote {path}")
+    return 0
+
+
+def cmd_report(args) -> int:
+    from .report import build_report
+
+    run = Path(args.run)
+    if not run.is_dir():
+        raise ReskipError(f"{run} is not a run folder")
+    path = build_report(run, Path(args.out) if args.out else None)
+    print(f"wrote {path}")
+    return 0
+
+
+def cmd_run(args) -> int:
+    """The main job: the whole pipeline into one run folder."""
+    from .pipeline import run_pipeline
+
+    overrides = {}
+    for key in ("steps", "batch_size", "seq_len", "lr", "block_size", "rank", "boundaries"):
+        if getattr(args, key) is not None:
+            overrides[key] = getattr(args, key)
+    out = Path(args.resume or args.out or f"runs/run-{time.strftime('%Y%m%d-%H%M%S')}")
+    t = time.time()
+    state = run_pipeline(out, args.preset, args.model, args.data, overrides, resume=bool(args.resume))
+    print(f"\nfinished {len(state['finished'])} stages in {time.time() - t:.0f} s this session: "
+          + ", ".join(f"{k} {v:.0f}s" for k, v in state["timings"].items()))
+    if (out / "summary.json").is_file():
+        from .training import format_summary
+
+        print(format_summary(json.loads((out / "summary.json").read_text())))
+    if (out / "eval" / "results.md").is_file():
+        print((out / "eval" / "results.md").read_text())
+    print(f"report: {out / 'report' / 'report.html'}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="reskip", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -406,10 +459,38 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("run", help="the main job on the default model")
+    p = sub.add_parser("diagnose", help="depth diagnostics of a run -> RUN/diagnostics.json")
+    p.add_argument("run")
+    p.add_argument("--model", default=None)
+    p.add_argument("--context", type=int, default=4096, help="context length for the memory table")
+    p.add_argument("--sequences", type=int, default=4, help="test sequences for dilution")
+    p.add_argument("--sample-tokens", type=int, default=96, help="tokens of the per-token skip trace")
+    p.set_defaults(func=cmd_diagnose)
+
+    p = sub.add_parser("report", help="self-contained HTML report of a run (reads run files only)")
+    p.add_argument("run")
+    p.add_argument("--out", help="folder (default RUN/report)")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("run-parity", help="pipeline stage: parity in fp32 + bf16 and parameters -> OUT/parity.json")
     model_flags(p)
     retrofit_flags(p)
-    p.add_argument("--out", help="run folder (default runs/<timestamp>)")
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_run_parity)
+
+    p = sub.add_parser("run", help="the main job: parity, training, calibration, evaluation, diagnostics, report")
+    p.add_argument("--out", help="run folder (default runs/run-<timestamp>)")
+    p.add_argument("--resume", metavar="RUN", help="continue RUN from its last finished stage and checkpoint")
+    p.add_argument("--preset", choices=["quick", "standard"], default="standard")
+    p.add_argument("--model", default=None, help="backbone; default: bundled SmolLM2-135M-Instruct")
+    p.add_argument("--data", nargs="+", default=None, help="training data specs (default: the bundled mix)")
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--seq-len", type=int, default=None)
+    p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--block-size", type=int, default=None, help="layers per block (default 4)")
+    p.add_argument("--boundaries", default=None, help="explicit block starts, e.g. 4,8,12")
+    p.add_argument("--rank", type=int, default=None, help="adapter rank (default: 256 if d >= 1024, else 64)")
     p.set_defaults(func=cmd_run)
     return parser
 

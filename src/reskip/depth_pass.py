@@ -67,6 +67,8 @@ class DepthPass:
             self.step_skip = set()
             if self.runtime is not None:
                 self.runtime.begin_step(hidden.shape[1])
+                if self.runtime.decide(1, None):  # block 1 has no router: only static policies skip it
+                    self.step_skip.add(1)
         if self.replay is not None and n <= self.replay[0]:
             return hidden
         if n == 1 or not self.enabled:

@@ -65,15 +65,19 @@ class StaticSkip(SkipPolicy):
 
 @dataclass
 class RandomSkip(SkipPolicy):
-    """Each eligible block skipped with probability p, independently per step (seeded)."""
+    """Each eligible block skipped with probability p, independently per decision; seeded, so a
+    run is reproducible given the order of decisions."""
 
     p: float
     eligible: set[int]
     seed: int = 0
     name: str = "random"
 
+    def __post_init__(self):
+        self.rng = random.Random(self.seed)
+
     def skip(self, n, w_recent, skipped_so_far, step):
-        return n in self.eligible and random.Random(f"{self.seed}:{step}:{n}").random() < self.p
+        return n in self.eligible and self.rng.random() < self.p
 
     def describe(self):
         return {"policy": self.name, "p": self.p, "eligible": sorted(self.eligible), "seed": self.seed}
@@ -120,11 +124,13 @@ class SkipRuntime:
         self.trace.append(StepTrace(len(self.trace), self.position, length))
         self.position += length
 
-    def decide(self, n: int, alpha_prev: torch.Tensor) -> bool:
-        """alpha_prev: (B, T) weights of block n on h_{n-1} for this step's tokens."""
-        w = self._update(n, alpha_prev.detach().float())
+    def decide(self, n: int, alpha_prev: torch.Tensor | None) -> bool:
+        """alpha_prev: (B, T) weights of block n on h_{n-1} for this step's tokens (None for block 1)."""
         current = self.trace[-1]
-        current.w_recent[n] = w
+        w = float("nan")
+        if alpha_prev is not None:
+            w = self._update(n, alpha_prev.detach().float())
+            current.w_recent[n] = w
         if self.policy.skip(n, w, len(current.skipped), current.step):
             current.skipped.append(n)
             return True
