@@ -107,12 +107,13 @@ class SkipRuntime:
         self.policy = policy
         self.window = window
         self.trace: list[StepTrace] = []
-        self.history: dict[int, list[torch.Tensor]] = {}  # n -> per row, last <= W values
+        self.history: dict[int, torch.Tensor] = {}  # n -> (B, <= W) most recent values, NaN = none
+        self.padded: set[int] = set()  # blocks whose history holds NaN (padding) somewhere
         self.position = 0
         self.valid: torch.Tensor | None = None  # (B, T) real tokens of the current step
 
     def reset(self) -> None:
-        self.history, self.position, self.trace = {}, 0, []
+        self.history, self.padded, self.position, self.trace = {}, set(), 0, []
 
     def set_step_mask(self, valid: torch.Tensor | None, new_sequence: bool) -> None:
         """Called before each forward with the step's (B, T) mask of real tokens (None: all real)."""
@@ -137,16 +138,28 @@ class SkipRuntime:
         return False
 
     def _update(self, n: int, alpha: torch.Tensor) -> float:
-        valid = self.valid
-        if valid is None or valid.shape != alpha.shape:
-            valid = torch.ones_like(alpha, dtype=torch.bool)
-        rows = self.history.setdefault(n, [alpha.new_zeros(0) for _ in range(alpha.shape[0])])
-        means = []
-        for r in range(alpha.shape[0]):
-            rows[r] = torch.cat([rows[r], alpha[r][valid[r].bool()]])[-self.window :]
-            if rows[r].numel():
-                means.append(rows[r].mean())
-        return float(torch.stack(means).mean()) if means else 0.0
+        """Append this step's alpha (B, T) to block n's history; return w_recent averaged over rows.
+
+        Padding positions are stored as NaN and sorted to the front of each row, so the last W
+        columns hold each row's W most recent real values (vectorised: no per-row loop).
+        """
+        valid = self.valid if self.valid is not None and self.valid.shape == alpha.shape else None
+        if valid is not None and bool(valid.all()):
+            valid = None
+        vals = alpha if valid is None else alpha.masked_fill(~valid, float("nan"))
+        hist = self.history.get(n)
+        hist = vals if hist is None else torch.cat([hist, vals], dim=1)
+        padded = valid is not None or n in self.padded
+        if padded:
+            self.padded.add(n)
+            order = torch.argsort((~torch.isnan(hist)).to(torch.int8), dim=1, stable=True)
+            hist = hist.gather(1, order)
+        hist = hist[:, -self.window :]
+        self.history[n] = hist
+        if not padded:  # the common decode case: no NaN anywhere
+            return float(hist.mean())
+        rows = hist.nanmean(dim=1)  # (B,): NaN for a row with no real token yet
+        return float(rows.nanmean()) if not torch.isnan(rows).all() else 0.0
 
     def skipped_per_step(self) -> list[int]:
         return [len(t.skipped) for t in self.trace]
