@@ -348,7 +348,8 @@ def cmd_run(args) -> int:
             overrides[key] = getattr(args, key)
     out = Path(args.resume or args.out or f"runs/run-{time.strftime('%Y%m%d-%H%M%S')}")
     t = time.time()
-    state = run_pipeline(out, args.preset, args.model, args.data, overrides, resume=bool(args.resume))
+    _check_range("delta", args.delta, 0.0)
+    state = run_pipeline(out, args.preset, args.model, args.data, overrides, resume=bool(args.resume), delta=args.delta)
     print(f"\nfinished {len(state['finished'])} stages in {time.time() - t:.0f} s this session: "
           + ", ".join(f"{k} {v:.0f}s" for k, v in state["timings"].items()))
     if (out / "summary.json").is_file():
@@ -491,6 +492,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--block-size", type=int, default=None, help="layers per block (default 4)")
     p.add_argument("--boundaries", default=None, help="explicit block starts, e.g. 4,8,12")
     p.add_argument("--rank", type=int, default=None, help="adapter rank (default: 256 if d >= 1024, else 64)")
+    p.add_argument("--delta", type=float, default=1.0,
+                   help="calibration: eligible when A(n) < 1 + delta (default 1.0, see the README)")
     p.set_defaults(func=cmd_run)
     return parser
 

@@ -34,7 +34,7 @@ def _state(run: Path) -> dict:
 
 
 def run_pipeline(run: Path, preset: str = "quick", model: str | None = None, data: list[str] | None = None,
-                 train_overrides: dict | None = None, resume: bool = False) -> dict:
+                 train_overrides: dict | None = None, resume: bool = False, delta: float = 1.0) -> dict:
     from .cli import main as cli  # the stages are the CLI commands, run in-process
 
     if preset not in PRESETS:
@@ -48,6 +48,7 @@ def run_pipeline(run: Path, preset: str = "quick", model: str | None = None, dat
     state = _state(run)
     if not resume:
         state["preset"], state["model"], state["data"] = preset, model, data or ["default"]
+        state["delta"] = delta
         atomic_write_json(run / "pipeline.json", state)
     p = PRESETS[state["preset"]]
     if not resume:
@@ -63,7 +64,8 @@ def run_pipeline(run: Path, preset: str = "quick", model: str | None = None, dat
         "parity": lambda: cli(["run-parity", "--out", str(run), *model_args, *retrofit_args]),
         "train": lambda: cli(["train", "--out", str(run), "--quiet", *model_args, "--data", *state["data"], *train_args]
                              + (["--resume", str(run)] if (run / "checkpoints" / "latest").is_file() else [])),
-        "calibrate": lambda: cli(["calibrate", "--adapter", str(run), "--sequences", str(p["calibrate"]["sequences"])]),
+        "calibrate": lambda: cli(["calibrate", "--adapter", str(run), "--sequences", str(p["calibrate"]["sequences"]),
+                                  "--delta", str(state["delta"])]),
         "eval": lambda: cli(["eval", "--adapter", str(run), "--quiet", "--sequences", str(p["eval"]["sequences"]),
                              "--mc-limit", str(p["eval"]["mc_limit"]), "--chunk-size", str(p["eval"]["chunk_size"])]),
         "diagnose": lambda: cli(["diagnose", str(run), "--sequences", str(p["diagnose"]["sequences"]),
