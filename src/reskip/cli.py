@@ -247,7 +247,7 @@ def cmd_generate(args) -> int:
 def cmd_eval(args) -> int:
     from .data.packing import pack
     from .data.sources import load_splits
-    from .evaluation import Method, evaluate_methods, parse_methods
+    from .evaluation import evaluate_methods, parse_methods
     from .io_atomic import atomic_write_json, atomic_write_text
     from .multiple_choice import load_benchmark, mc_accuracy
     from .policy_file import PolicyFile
