@@ -54,12 +54,16 @@ def kl_sum(teacher, student_logits: torch.Tensor) -> torch.Tensor:
     return _KLFromTeacher.apply(student_logits.float(), p, neg_entropy)
 
 
+def token_entropy(alpha: torch.Tensor) -> torch.Tensor:
+    """Entropy of each token's routing distribution: (B, T, n) -> (B, T)."""
+    return -(alpha * alpha.clamp_min(1e-12).log()).sum(-1)
+
+
 def entropy_sum(alphas: dict) -> torch.Tensor:
     """sum over positions of the mean (over blocks) entropy of alpha. alphas: n -> (B, T, n)."""
-    per_block = [-(a * a.clamp_min(1e-12).log()).sum(-1) for a in alphas.values()]  # each (B, T)
-    return torch.stack(per_block).mean(0).sum()
+    return torch.stack([token_entropy(a) for a in alphas.values()]).mean(0).sum()
 
 
 def entropy_per_block(alphas: dict) -> dict[int, float]:
     """Mean entropy of alpha per block (over all tokens)."""
-    return {n: float(-(a * a.clamp_min(1e-12).log()).sum(-1).mean()) for n, a in alphas.items()}
+    return {n: float(token_entropy(a).mean()) for n, a in alphas.items()}

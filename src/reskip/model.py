@@ -220,9 +220,11 @@ def retrofit(model: nn.Module, config: RetrofitConfig | None = None, seed: int =
 
 def alpha_entropy(alphas: dict, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Mean entropy of alpha over tokens and blocks (padding excluded): a scalar tensor."""
+    from .losses import token_entropy
+
     per_block = []
     for alpha in alphas.values():  # (B, T, n)
-        h = -(alpha * alpha.clamp_min(1e-12).log()).sum(-1)  # (B, T)
+        h = token_entropy(alpha)  # (B, T)
         if attention_mask is not None:
             m = attention_mask.to(h.dtype)
             per_block.append((h * m).sum() / m.sum().clamp_min(1))
