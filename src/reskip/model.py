@@ -88,6 +88,16 @@ class ReskipModel(nn.Module):
                 layers[i] = w
 
     # ---- switches ---------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _depth_setting(self, name: str, value):
+        """Set one DepthPass setting for the passes inside the context, then restore it."""
+        previous = getattr(self.depth_pass, name)
+        setattr(self.depth_pass, name, value)
+        try:
+            yield
+        finally:
+            setattr(self.depth_pass, name, previous)
+
     def set_curriculum(self, c: float) -> None:
         """Set c(t) in gamma_n = c(t) * g_n. At c = 0 the logits equal the backbone's exactly."""
         if not 0.0 <= float(c) <= 1.0:
@@ -97,12 +107,8 @@ class ReskipModel(nn.Module):
     @contextlib.contextmanager
     def side_channel_disabled(self):
         """The teacher: the same weights with the side-channel switched off (no router runs)."""
-        previous = self.depth_pass.enabled
-        self.depth_pass.enabled = False
-        try:
+        with self._depth_setting("enabled", False):
             yield self
-        finally:
-            self.depth_pass.enabled = previous
 
     @contextlib.contextmanager
     def blocks_skipped(self, *blocks: int):
@@ -110,12 +116,8 @@ class ReskipModel(nn.Module):
         bad = [n for n in blocks if not 1 <= n <= self.n_blocks]
         if bad:
             raise ValueError(f"blocks {bad} out of range: this model has blocks 1..{self.n_blocks}")
-        previous = self.depth_pass.skip
-        self.depth_pass.skip = frozenset(blocks) | previous
-        try:
+        with self._depth_setting("skip", frozenset(blocks) | self.depth_pass.skip):
             yield self
-        finally:
-            self.depth_pass.skip = previous
 
     @contextlib.contextmanager
     def capturing(self):
@@ -148,19 +150,14 @@ class ReskipModel(nn.Module):
             raise ValueError(f"block {block} out of range 1..{self.n_blocks}")
         if captured is None:
             raise ValueError("nothing captured: run a pass inside capturing() first")
-        previous = self.depth_pass.replay
-        self.depth_pass.replay = (block, captured, identity)
-        try:
+        with self._depth_setting("replay", (block, captured, identity)):
             yield
-        finally:
-            self.depth_pass.replay = previous
 
     @contextlib.contextmanager
     def skipping(self, policy, window: int):
         """Apply a skip policy to every pass inside (scoring, chunks, `generate`); yields the runtime,
         whose `trace` records which blocks ran at each step. A pass that starts with an empty
         cache starts a new sequence (history and trace reset)."""
-        from . import compat
         from .skipping import SkipRuntime
 
         runtime = SkipRuntime(policy, window)
@@ -174,23 +171,17 @@ class ReskipModel(nn.Module):
             runtime.set_step_mask(valid, new_sequence=cache is None or cache.get_seq_length() == 0)
 
         handle = self.base_model.register_forward_pre_hook(before_forward, with_kwargs=True)
-        previous = self.depth_pass.runtime
-        self.depth_pass.runtime = runtime
         try:
-            yield runtime
+            with self._depth_setting("runtime", runtime):
+                yield runtime
         finally:
             handle.remove()
-            self.depth_pass.runtime = previous
 
     @contextlib.contextmanager
     def skipping_positions(self, masks: dict):
         """Reference mode (no cache): block n acts as identity exactly where masks[n] (B, T) is True."""
-        previous = self.depth_pass.position_skip
-        self.depth_pass.position_skip = dict(masks)
-        try:
+        with self._depth_setting("position_skip", dict(masks)):
             yield self
-        finally:
-            self.depth_pass.position_skip = previous
 
     # ---- running ----------------------------------------------------------------------------
     def forward(self, input_ids=None, attention_mask=None, labels=None, output_alphas: bool = False, **kwargs):
