@@ -204,7 +204,7 @@ def cmd_calibrate(args) -> int:
 def cmd_generate(args) -> int:
     import torch
 
-    from .policy_file import PolicyFile, make_policy
+    from .policy_file import dense_if_uncalibrated, make_policy
     from .run_folder import load_retrofitted, resolve_adapter
     from .scoring import generate
 
@@ -212,14 +212,10 @@ def cmd_generate(args) -> int:
     _check_range("max-new-tokens", args.max_new_tokens, 1)
     source = resolve_adapter(args.adapter)
     spec = args.policy
-    policy_path = Path(spec) if spec.endswith(".json") else source.policy_path
-    policy_file = PolicyFile.load(policy_path) if policy_path.is_file() else None
+    policy_file = source.policy(Path(spec) if spec.endswith(".json") else None)
     if spec.endswith(".json"):
         spec = "reskip"
-    if policy_file is None and spec != "none":
-        print(f"note: {source.adapter_dir} has no policy.json: running dense (no block is skipped). "
-              "Run `reskip calibrate` to make one.", file=sys.stderr)
-        spec = "none"
+    spec = dense_if_uncalibrated(spec, policy_file, source.adapter_dir)
     make_policy(spec, policy_file, args.seed)  # a bad spec fails here, before the model loads
     model, tok = load_retrofitted(source, args.model, _dtype(args.dtype), args.trust_remote_code)
     if policy_file is not None:
@@ -250,7 +246,6 @@ def cmd_eval(args) -> int:
     from .evaluation import evaluate_methods, parse_methods
     from .io_atomic import atomic_write_json, atomic_write_text
     from .multiple_choice import load_benchmark, mc_accuracy
-    from .policy_file import PolicyFile
     from .results_table import markdown
     from .run_folder import load_retrofitted, resolve_adapter
 
@@ -258,7 +253,7 @@ def cmd_eval(args) -> int:
     _check_range("chunk-size", args.chunk_size, 1)
     _check_range("sequences", args.sequences, 1)
     source = resolve_adapter(args.adapter)
-    policy_file = PolicyFile.load(source.policy_path) if source.policy_path.is_file() else None
+    policy_file = source.policy()
     methods = parse_methods(args.methods, policy_file, args.seed)
     mc_methods = parse_methods(args.mc_methods, policy_file, args.seed) if args.benchmarks else []
     questions = {b: load_benchmark(b, args.mc_limit, args.seed) for b in (args.benchmarks or [])}

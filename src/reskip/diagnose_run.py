@@ -11,7 +11,6 @@ from .data.packing import pack
 from .data.sources import load_splits
 from .diagnostics import dilution, memory_table, reading_discipline, routing_health, token_trace
 from .io_atomic import atomic_write_json
-from .policy_file import PolicyFile
 from .run_folder import load_retrofitted, resolve_adapter
 
 SEED_INSTANCE = {"n_layers": 48, "hidden_size": 4096, "context": 4096, "dtype_bytes": 2, "block_size": 12}
@@ -30,7 +29,7 @@ def diagnose(run, model_name: str | None = None, context: int = 4096, sequences:
     source = resolve_adapter(run)
     run_dir = source.run_dir or source.adapter_dir
     model, tok = load_retrofitted(source, model_name)
-    policy = PolicyFile.load(source.policy_path) if source.policy_path.is_file() else None
+    policy = source.policy()
     if policy is not None:
         policy.check_model(model)
     splits, _ = load_splits(source.data_specs)

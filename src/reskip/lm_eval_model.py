@@ -14,7 +14,7 @@ import torch
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
-from .policy_file import PolicyFile, make_policy
+from .policy_file import dense_if_uncalibrated, make_policy
 from .run_folder import load_retrofitted, resolve_adapter
 
 
@@ -23,9 +23,8 @@ class ReskipLM(HFLM):
     def __init__(self, adapter: str, policy: str = "reskip", model: str | None = None, window: int | None = None,
                  dtype: str = "float32", seed: int = 0, **kwargs):
         source = resolve_adapter(adapter)
-        policy_file = PolicyFile.load(source.policy_path) if source.policy_path.is_file() else None
-        if policy_file is None and policy != "none":
-            policy = "none"  # an adapter without a policy runs dense
+        policy_file = source.policy()
+        policy = dense_if_uncalibrated(policy, policy_file, source.adapter_dir)
         make_policy(policy, policy_file, seed)  # a bad spec fails before the model loads
         rm, tokenizer = load_retrofitted(source, model, getattr(torch, dtype))
         if policy_file is not None:

@@ -147,6 +147,17 @@ class PolicyFile:
         return Path(path)
 
 
+def dense_if_uncalibrated(spec: str, policy: PolicyFile | None, where) -> str:
+    """Without a policy file every spec but `none` falls back to dense, and says so on stderr."""
+    if policy is None and spec != "none":
+        import sys
+
+        print(f"note: {where} has no policy.json: running dense (no block is skipped). "
+              "Run `reskip calibrate` to make one.", file=sys.stderr)
+        return "none"
+    return spec
+
+
 def make_policy(spec: str, policy: PolicyFile | None, seed: int = 0) -> SkipPolicy:
     kind, _, arg = spec.partition(":")
     if kind == "none" and not arg:

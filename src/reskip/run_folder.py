@@ -23,6 +23,13 @@ class AdapterSource:
     def policy_path(self) -> Path:
         return (self.run_dir or self.adapter_dir) / "policy.json"
 
+    def policy(self, path: Path | None = None):
+        """The calibrated PolicyFile (at `path`, default the run's policy.json), or None if there is none."""
+        from .policy_file import PolicyFile
+
+        path = path or self.policy_path
+        return PolicyFile.load(path) if path.is_file() else None
+
     @property
     def model_name(self) -> str | None:
         return self.train_config.model if self.train_config else None
