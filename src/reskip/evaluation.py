@@ -19,7 +19,7 @@ import torch
 from .data.packing import Packed
 from .errors import ReskipError
 from .flops import LayerFlops, executed_share
-from .losses import ce_sum, kl_sum
+from .losses import ce_sum, kl_sum, teacher_targets
 from .model import ReskipModel
 from .policy_file import POLICY_SPECS, PolicyFile, make_policy
 from .scoring import score
@@ -120,7 +120,8 @@ def evaluate_methods(model: ReskipModel, data: Packed, methods: list[Method], wi
     tallies = {m.name: Tally() for m in methods}
     model.eval()
 
-    def run(method: Method, ids, labels, z_back, z_full, tally: Tally):
+    def run(method: Method, ids, labels, z_back, teacher, z_full, margin, tally: Tally):
+        """teacher: teacher_targets(z_back); margin: top-1 minus top-2 of z_full, both (1, T) per sequence."""
         if method.policy is None:  # the backbone: its logits are the reference, computed once
             z, steps, lengths = z_back, [[]], [ids.shape[1]]
         elif isinstance(method.policy, NoSkip):  # one pass, nothing skipped
@@ -132,11 +133,10 @@ def evaluate_methods(model: ReskipModel, data: Packed, methods: list[Method], wi
         tally.targets += int((labels[:, 1:] != -100).sum())
         tally.positions += ids.numel()
         tally.agree += int((z.argmax(-1) == z_back.argmax(-1)).sum())
-        tally.kl += kl_sum(z_back, z).item() if method.policy is not None else 0.0  # backbone: 0 exactly
+        tally.kl += kl_sum(teacher, z).item() if method.policy is not None else 0.0  # backbone: 0 exactly
         if method.policy is not None:
             eps = (z - z_full).abs().amax(-1)  # (B, T)
-            top2 = z_full.topk(2, dim=-1).values
-            holds = 2 * eps < (top2[..., 0] - top2[..., 1])
+            holds = 2 * eps < margin
             changed = z.argmax(-1) != z_full.argmax(-1)
             tally.margin_holds += int(holds.sum())
             tally.changed_where_holds += int((holds & changed).sum())
@@ -153,8 +153,12 @@ def evaluate_methods(model: ReskipModel, data: Packed, methods: list[Method], wi
         with model.side_channel_disabled():
             z_back = model(input_ids=ids, use_cache=False).logits  # (1, T, V)
         z_full = model(input_ids=ids, use_cache=False).logits
+        # Per sequence, not per method: the teacher distribution and the full model's top-1 margin.
+        teacher = teacher_targets(z_back)
+        top2 = z_full.topk(2, dim=-1).values
+        margin = top2[..., 0] - top2[..., 1]
         for m in methods:
-            run(m, ids, labels, z_back, z_full, tallies[m.name])
+            run(m, ids, labels, z_back, teacher, z_full, margin, tallies[m.name])
         if progress is not None:
             progress(i + 1, len(data))
     ppl_backbone = math.exp(tallies["backbone"].ce / tallies["backbone"].targets) if "backbone" in tallies else None
@@ -168,6 +172,6 @@ def evaluate_methods(model: ReskipModel, data: Packed, methods: list[Method], wi
         if extra:
             more = evaluate_methods(model, data, [Method("backbone", None), *extra], window, chunk_size, None, seed)
             for m in extra:
-                results[m.name] = {**more[m.name], "ppl_ratio": more[m.name]["ppl"] / ppl_backbone if ppl_backbone else 1.0,
-                                   "matched": True}
+                # `more` holds its own backbone row over the same sequences, so its ratios already hold
+                results[m.name] = {**more[m.name], "matched": True}
     return results
