@@ -128,6 +128,28 @@ def test_reskip_rule_window_and_cap():
     assert trace[0].w_recent[3] == pytest.approx(float(a3[0:2].mean()), abs=1e-5)
 
 
+def test_w_recent_with_left_padding_is_the_mean_of_each_rows_last_real_values():
+    """Padding never enters the window; each row contributes the mean of its last W real values,
+    and the batch decision reads the mean over rows (a row with no real token yet is left out)."""
+    rm = _rm("llama")
+    ids, mask = batch(bsz=3, seq=8, pad=True)  # rows 1 and 2 start with 2 and 4 pad tokens
+    window, chunk = 3, 2
+    with torch.no_grad():
+        alphas = rm(input_ids=ids, attention_mask=mask, output_alphas=True).alphas
+    _, trace = score(rm, ids, NoSkip(), window=window, chunk_size=chunk, attention_mask=mask)
+    for step in trace:
+        end = step.start + step.length
+        for n in (2, 3):
+            rows = []
+            for b in range(ids.shape[0]):
+                real = [float(alphas[n][b, t, -1]) for t in range(end) if mask[b, t]]
+                if real:
+                    rows.append(sum(real[-window:]) / len(real[-window:]))
+            assert step.w_recent[n] == pytest.approx(sum(rows) / len(rows), abs=1e-5), (step.step, n)
+    # The first step of rows 1 and 2 is all padding: only row 0 counts there.
+    assert trace[0].w_recent[2] == pytest.approx(float(alphas[2][0, :2, -1].mean()), abs=1e-5)
+
+
 @pytest.mark.real
 def test_bundled_model_cached_generation_equals_reference(smollm2):
     model, tok = smollm2

@@ -26,8 +26,7 @@ def test_router_matches_spec_formula():
         block.gate.fill_(0.7)
     h = [torch.randn(2, 5, d) * (i + 1) for i in range(n)]
     sources = torch.stack(h, dim=-2)
-    normed = torch.stack([SideChannel.normalize(x) for x in h], dim=-2)
-    delta, alpha = block(sources, normed, 0.5)
+    x, alpha = block(sources, h[-1], 0.5)
 
     w, b = block.router.query, block.router.source_bias
     logits = []
@@ -39,7 +38,30 @@ def test_router_matches_spec_formula():
     a = block.adapter
     ref_delta = 0.5 * 0.7 * a.up(torch.nn.functional.silu(a.down(r - h[-1])))
     torch.testing.assert_close(alpha, ref_alpha)
-    torch.testing.assert_close(delta, ref_delta)
+    torch.testing.assert_close(x, h[-1] + ref_delta)
+
+
+def test_router_bias_cache_follows_parameter_updates():
+    """Without autograd the bias term w . b_i / sqrt(d) is cached; every way of changing the
+    parameters (in-place step, load_state_dict, a dtype round trip) must be seen."""
+    torch.manual_seed(0)
+    side = SideChannel(16, 4, RetrofitConfig(rank=4))
+    router = side.block(3).router
+    sources = torch.randn(2, 5, 3, 16)
+
+    def fresh():  # with autograd on, nothing is cached
+        with torch.enable_grad():
+            return router.logits(sources).detach()
+
+    with torch.no_grad():
+        torch.testing.assert_close(router.logits(sources), fresh())
+        router.source_bias.add_(0.5)  # an optimizer step
+        torch.testing.assert_close(router.logits(sources), fresh())
+        state = {k: v + 1.0 for k, v in side.state_dict().items()}
+        side.load_state_dict(state)
+        torch.testing.assert_close(router.logits(sources), fresh())
+        side.double().float()
+        torch.testing.assert_close(router.logits(sources), fresh())
 
 
 def test_initial_alpha_prefers_previous_state_but_is_not_collapsed():

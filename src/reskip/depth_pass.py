@@ -20,10 +20,10 @@ from .side_channel import SideChannel
 
 @dataclass
 class Captured:
-    """A finished pass: states h_0..h_N, their RMS-normalised copies, block inputs x_n."""
+    """A finished pass: states h_0..h_N, the routers' float32 stack of them, block inputs x_n."""
 
     states: list[torch.Tensor]
-    normed: list[torch.Tensor]
+    sources: torch.Tensor | None  # (B, T, k, d): h_0..h_{k-1}, k = the sources the last router read
     inputs: dict[int, torch.Tensor]
 
 
@@ -33,17 +33,20 @@ class DepthPass:
     enabled: False -> the side-channel is off and the model is the backbone (teacher).
     skip: blocks replaced by identity in the next passes.
     states: h_0..h_n of the current pass, each (B, T, d) in the backbone dtype.
+    sources: h_0..h_{k-1} stacked in float32 (B, T, k, d), grown by concatenation as blocks
+        finish (autograd-safe, nothing written in place).
     alphas: block n -> alpha (B, T, n) of the last pass, when `record_alphas`.
     """
 
     def __init__(self, side_channel: SideChannel, n_blocks: int):
         self.side_channel = side_channel
+        self.block_modules = {n: side_channel.block(n) for n in range(2, n_blocks + 1)}  # no lookup per pass
         self.n_blocks = n_blocks
         self.enabled = True
         self.skip: frozenset[int] = frozenset()
         self.record_alphas = False
         self.states: list[torch.Tensor] = []
-        self.normed: list[torch.Tensor] = []
+        self.sources: torch.Tensor | None = None
         self.inputs: dict[int, torch.Tensor] = {}
         self.alphas: dict[int, torch.Tensor] = {}
         # capture: keep the pass's states and block inputs after it ends (in `captured`).
@@ -63,7 +66,7 @@ class DepthPass:
     def enter_block(self, n: int, hidden: torch.Tensor) -> torch.Tensor:
         """Called before block n's first layer with h_{n-1}; returns the block input x_n."""
         if n == 1:
-            self.states, self.normed, self.inputs, self.alphas = [hidden], [], {}, {}
+            self.states, self.sources, self.inputs, self.alphas = [hidden], None, {}, {}
             self.step_skip = set()
             if self.runtime is not None:
                 self.runtime.begin_step(hidden.shape[1])
@@ -74,20 +77,27 @@ class DepthPass:
         if n == 1 or not self.enabled:
             self.inputs[n] = hidden
             return hidden
-        # RMSNorm(h_i) has no learned scale, so each source is normalised once per pass
-        # and shared by every later router.
-        while len(self.normed) < len(self.states):
-            self.normed.append(SideChannel.normalize(self.states[len(self.normed)]))
-        sources = torch.stack([h.float() for h in self.states[:n]], dim=-2)  # (B, T, n, d)
-        normed = torch.stack(self.normed[:n], dim=-2)  # (B, T, n, d)
-        delta, alpha = self.side_channel.block(n)(sources, normed, self.side_channel.curriculum)
+        self._grow_sources(n)
+        # `.forward`, not a module call: at decode the call machinery is a visible share of the cost.
+        x, alpha = self.block_modules[n].forward(self.sources, hidden, self.side_channel.curriculum)
         if self.record_alphas:
             self.alphas[n] = alpha
-        if self.runtime is not None and self.runtime.decide(n, alpha[..., -1]):  # alpha_{n-1 -> n}: (B, T)
+        if self.runtime is not None and self.runtime.decide(n, alpha):
             self.step_skip.add(n)
-        x = hidden + delta.to(hidden.dtype)
         self.inputs[n] = x
         return x
+
+    def _grow_sources(self, n: int) -> None:
+        """Extend the stacked float32 sources to h_0..h_{n-1}: (B, T, n, d)."""
+        have = 0 if self.sources is None else self.sources.shape[-2]
+        if have >= n:
+            return
+        fresh = self.states[have:n]
+        if len(fresh) == 1 and self.sources is not None:  # the usual case: h_{n-1} just finished
+            self.sources = torch.cat([self.sources, fresh[0].float().unsqueeze(-2)], dim=-2)
+        else:
+            new = torch.stack([h.float() for h in fresh], dim=-2)  # (B, T, n - have, d)
+            self.sources = new if self.sources is None else torch.cat([self.sources, new], dim=-2)
 
     def runs(self, n: int) -> bool:
         """Whether block n's layers run in this pass (not skipped, not replayed)."""
@@ -101,15 +111,15 @@ class DepthPass:
                 return hidden  # placeholder flowing through un-run blocks; replaced at block k
             hidden = cap.inputs[k] if identity else cap.states[k]
             self.states = cap.states[:k] + [hidden]
-            self.normed = cap.normed[: min(k, len(cap.normed))]
+            self.sources = None if cap.sources is None else cap.sources[..., :k, :]
             self.inputs = {j: x for j, x in cap.inputs.items() if j <= k}
         else:
             self.states.append(hidden)
         if n == self.n_blocks:
             if self.capture:
-                self.captured = Captured(self.states, self.normed, self.inputs)
+                self.captured = Captured(self.states, self.sources, self.inputs)
             # Drop references so activations are not kept alive between passes.
-            self.states, self.normed, self.inputs = [], [], {}
+            self.states, self.sources, self.inputs = [], None, {}
         return hidden
 
 
@@ -118,6 +128,11 @@ class BlockLayer(nn.Module):
 
     The family's loop reads attributes such as `attention_type` off each layer, so
     anything this wrapper does not define is looked up on the wrapped layer.
+
+    The family's loop calls every wrapper at every step, so the wrapper keeps its own cost
+    down: calling it runs `forward` directly (hooks belong on the wrapped layer, which is
+    called the usual way), and the wrapped layer is also kept outside `_modules` for a
+    plain attribute read.
     """
 
     def __init__(self, layer: nn.Module, block: int, is_first: bool, is_last: bool, depth_pass: DepthPass):
@@ -127,6 +142,7 @@ class BlockLayer(nn.Module):
         self.is_first = is_first
         self.is_last = is_last
         object.__setattr__(self, "_depth_pass", depth_pass)  # not a submodule
+        object.__setattr__(self, "_inner", layer)  # the same module as self.layer
 
     def __getattr__(self, name: str):
         try:
@@ -134,23 +150,28 @@ class BlockLayer(nn.Module):
         except AttributeError:
             return getattr(super().__getattr__("layer"), name)
 
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
     def forward(self, hidden_states: torch.Tensor, *args, **kwargs):
         dp = self._depth_pass
+        n = self.block
         if self.is_first:
-            hidden_states = dp.enter_block(self.block, hidden_states)
-        if dp.runs(self.block):
-            out = self.layer(hidden_states, *args, **kwargs)
-            mask = dp.position_skip.get(self.block)
-            if mask is not None:  # reference mode: identity at the skipped positions only
-                h = torch.where(mask[..., None], hidden_states, compat.layer_hidden(out))
-                out = compat.identity_output(h)
+            hidden_states = dp.enter_block(n, hidden_states)
+        if dp.runs(n):
+            out = self._inner(hidden_states, *args, **kwargs)
+            if dp.position_skip:
+                mask = dp.position_skip.get(n)
+                if mask is not None:  # reference mode: identity at the skipped positions only
+                    h = torch.where(mask[..., None], hidden_states, compat.layer_hidden(out))
+                    out = compat.identity_output(h)
         else:
             if dp.replay is None and compat.layer_cache(kwargs) is not None:
-                compat.append_kv(self.layer, hidden_states, kwargs)  # later tokens still attend here
+                compat.append_kv(self._inner, hidden_states, kwargs)  # later tokens still attend here
             out = compat.identity_output(hidden_states)
         if self.is_last:
             h = compat.layer_hidden(out)
-            h_next = dp.leave_block(self.block, h)
+            h_next = dp.leave_block(n, h)
             if h_next is not h:
                 out = compat.identity_output(h_next)
         return out

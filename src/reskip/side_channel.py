@@ -6,7 +6,7 @@
     delta_n    = gamma_n * A_n(r_n - h_{n-1}),          A(u) = W_up sigma(W_down u)
     gamma_n    = c(t) * g_n
 
-The block input becomes x_n = h_{n-1} + delta_n; at c = 0 delta is an exact zero.
+The block input becomes x_n = h_{n-1} + delta_n; at c = 0 it is h_{n-1} exactly.
 All side-channel parameters are kept in float32 whatever the backbone dtype.
 """
 
@@ -20,8 +20,17 @@ from torch import nn
 
 from .config import RetrofitConfig
 
-_ACT = {"silu": nn.SiLU, "gelu": nn.GELU, "relu": nn.ReLU}
+_ACT = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
 RMS_EPS = 1e-6
+
+
+def source_scale(h: torch.Tensor) -> torch.Tensor:
+    """1 / (sqrt(d) RMS(h)) over the last dim of a float32 h: (..., d) -> (...).
+
+    RMSNorm has no learned weight here, so w . RMSNorm(h) / sqrt(d) = (w . h) * source_scale(h),
+    with RMS(h) = sqrt(mean(h^2) + eps), i.e. sqrt(d) RMS(h) = sqrt(sum(h^2) + d eps).
+    """
+    return torch.linalg.vecdot(h, h).add(h.shape[-1] * RMS_EPS).rsqrt()
 
 
 class DepthRouter(nn.Module):
@@ -37,15 +46,33 @@ class DepthRouter(nn.Module):
         b[-1] = config.prev_logit_init * math.sqrt(hidden_size) * w / w.dot(w)
         self.query = nn.Parameter(w)  # w_n: (d,)
         self.source_bias = nn.Parameter(b)  # b_i: (n_sources, d)
+        self._bias_cache: tuple | None = None
 
-    def logits(self, normed_sources: torch.Tensor) -> torch.Tensor:
-        """normed_sources: RMSNorm(h_i) stacked, (B, T, n_sources, d) float32 -> (B, T, n_sources)."""
-        scale = 1.0 / math.sqrt(self.hidden_size)
-        # w . (k_hat_i + b_i) = w . k_hat_i + w . b_i; the second term is (n_sources,)
-        return (normed_sources @ self.query + self.source_bias @ self.query) * scale
+    def bias_logits(self) -> torch.Tensor:
+        """w . b_i / sqrt(d) for every source: (n_sources,).
 
-    def forward(self, normed_sources: torch.Tensor) -> torch.Tensor:
-        return self.logits(normed_sources).softmax(dim=-1)
+        It does not depend on the input, so while autograd is off (inference) it is computed
+        once and kept until a parameter changes (in-place updates bump a tensor's version;
+        moving or replacing the data changes its pointer).
+        """
+        if torch.is_grad_enabled():
+            return (self.source_bias @ self.query) * (1.0 / math.sqrt(self.hidden_size))
+        w, b = self.query, self.source_bias
+        key = (w._version, b._version, w.data_ptr(), b.data_ptr())
+        if self._bias_cache is None or self._bias_cache[0] != key:
+            self._bias_cache = (key, (b @ w) * (1.0 / math.sqrt(self.hidden_size)))
+        return self._bias_cache[1]
+
+    def logits(self, sources: torch.Tensor) -> torch.Tensor:
+        """sources: h_i stacked, (B, T, n_sources, d) float32 -> (B, T, n_sources).
+
+        w . (RMSNorm(h_i) + b_i) / sqrt(d) = (w . h_i) * source_scale(h_i) + w . b_i / sqrt(d), so
+        the normalised copies of the sources are never built.
+        """
+        return torch.addcmul(self.bias_logits(), sources @ self.query, source_scale(sources))
+
+    def forward(self, sources: torch.Tensor) -> torch.Tensor:
+        return self.logits(sources).softmax(dim=-1)
 
 
 class LowRankAdapter(nn.Module):
@@ -55,7 +82,7 @@ class LowRankAdapter(nn.Module):
         super().__init__()
         self.down = nn.Linear(hidden_size, rank, bias=False)
         self.up = nn.Linear(rank, hidden_size, bias=False)
-        self.act = _ACT[config.activation]()
+        self.act = _ACT[config.activation]  # a function, not a Module: nothing to train or save
         with torch.no_grad():
             self.down.weight.copy_(torch.randn(rank, hidden_size, generator=generator) / math.sqrt(hidden_size))
             self.up.weight.copy_(torch.randn(hidden_size, rank, generator=generator) * config.up_init_std)
@@ -75,12 +102,25 @@ class BlockSideChannel(nn.Module):
         self.adapter = LowRankAdapter(hidden_size, rank, config, generator)
         self.gate = nn.Parameter(torch.ones(()))
 
-    def forward(self, sources: torch.Tensor, normed_sources: torch.Tensor, curriculum: float):
-        """sources, normed_sources: (B, T, n, d) float32. Returns (delta (B, T, d), alpha (B, T, n))."""
-        alpha = self.router(normed_sources)
-        routed = (alpha.unsqueeze(-2) @ sources).squeeze(-2)  # r_n: (B, T, 1, n) @ (B, T, n, d) -> (B, T, d)
-        correction = self.adapter(routed - sources[..., -1, :])
-        return (curriculum * self.gate) * correction, alpha
+    def forward(self, sources: torch.Tensor, hidden: torch.Tensor, curriculum: float):
+        """Block n's input x_n = h_{n-1} + gamma_n A_n(r_n - h_{n-1}), and alpha.
+
+        sources: h_0..h_{n-1} (B, T, n, d) float32; hidden: h_{n-1} (B, T, d) in the backbone
+        dtype. Returns (x_n like hidden, alpha (B, T, n)).
+        At decode every op here is a fixed per-call cost, so the steps are fused where an op allows.
+        """
+        # Methods, not module calls: at decode the module-call machinery is a visible share of the cost.
+        alpha = self.router.logits(sources).softmax(dim=-1)
+        *lead, n, d = sources.shape
+        # r_n - h_{n-1} = sum_i alpha_i h_i - h_{n-1}, as one batched product:
+        # (BT, 1, n) @ (BT, n, d) - (BT, 1, d)
+        u = torch.baddbmm(sources[..., -1, :].reshape(-1, 1, d), alpha.reshape(-1, 1, n), sources.reshape(-1, n, d),
+                          beta=-1).view(*lead, d)
+        correction = self.adapter.forward(u)
+        gamma = self.gate if curriculum == 1.0 else curriculum * self.gate  # c(t) = 1 after the ramp
+        if hidden.dtype == correction.dtype:
+            return torch.addcmul(hidden, gamma, correction), alpha
+        return hidden + (gamma * correction).to(hidden.dtype), alpha
 
 
 class SideChannel(nn.Module):
@@ -101,11 +141,6 @@ class SideChannel(nn.Module):
 
     def block(self, n: int) -> BlockSideChannel:
         return self.per_block[str(n)]
-
-    @staticmethod
-    def normalize(h: torch.Tensor) -> torch.Tensor:
-        """RMSNorm without a learned scale, in float32: (..., d) -> (..., d)."""
-        return F.rms_norm(h.float(), (h.shape[-1],), eps=RMS_EPS)
 
 
 def count_side_channel_params(hidden_size: int, n_blocks: int, rank: int) -> int:

@@ -11,6 +11,7 @@ sequences (padding excluded), so a skipped block saves compute for every row.
 from __future__ import annotations
 
 import random
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
@@ -98,8 +99,17 @@ class StepTrace:
                 "w_recent": {str(k): v for k, v in self.w_recent.items()}}
 
 
+_WHOLE_TRANSFER = 1024  # up to this many alpha values, copy them all rather than slice first
+
+
 class SkipRuntime:
-    """Per-sequence state of a policy: alpha history per block, the step counter, the trace."""
+    """Per-sequence state of a policy: alpha history per block, the step counter, the trace.
+
+    The decision is taken on the host before a block runs, so each router's alpha_{n-1 -> n}
+    for the step comes over once (`tolist`); the history is then a few Python floats per row.
+    This keeps the per-block cost at decode to about one small transfer instead of several
+    tensor ops (the router's overhead budget is a few percent of a decode step).
+    """
 
     def __init__(self, policy: SkipPolicy, window: int):
         if window < 1:
@@ -107,30 +117,34 @@ class SkipRuntime:
         self.policy = policy
         self.window = window
         self.trace: list[StepTrace] = []
-        self.history: dict[int, torch.Tensor] = {}  # n -> (B, <= W) most recent values, NaN = none
-        self.padded: set[int] = set()  # blocks whose history holds NaN (padding) somewhere
+        self.history: dict[int, list[deque]] = {}  # n -> per row, its W most recent real values
         self.position = 0
-        self.valid: torch.Tensor | None = None  # (B, T) real tokens of the current step
+        self.valid: list[list[bool]] | None = None  # (B, T) real tokens of the current step; None: all real
+        self.valid_shape: tuple[int, int] | None = None
 
     def reset(self) -> None:
-        self.history, self.padded, self.position, self.trace = {}, set(), 0, []
+        self.history, self.position, self.trace = {}, 0, []
 
     def set_step_mask(self, valid: torch.Tensor | None, new_sequence: bool) -> None:
         """Called before each forward with the step's (B, T) mask of real tokens (None: all real)."""
         if new_sequence:
             self.reset()
-        self.valid = valid
+        if valid is None or bool(valid.all()):
+            self.valid, self.valid_shape = None, None
+        else:
+            self.valid, self.valid_shape = valid.tolist(), tuple(valid.shape)
 
     def begin_step(self, length: int) -> None:
         self.trace.append(StepTrace(len(self.trace), self.position, length))
         self.position += length
 
-    def decide(self, n: int, alpha_prev: torch.Tensor | None) -> bool:
-        """alpha_prev: (B, T) weights of block n on h_{n-1} for this step's tokens (None for block 1)."""
+    def decide(self, n: int, alpha: torch.Tensor | None) -> bool:
+        """alpha: block n's routing weights (B, T, n) for this step's tokens (None for block 1, which
+        has no router); the policy reads alpha_{n-1 -> n}, the last column."""
         current = self.trace[-1]
         w = float("nan")
-        if alpha_prev is not None:
-            w = self._update(n, alpha_prev.detach().float())
+        if alpha is not None:
+            w = self._update(n, alpha)
             current.w_recent[n] = w
         if self.policy.skip(n, w, len(current.skipped), current.step):
             current.skipped.append(n)
@@ -138,28 +152,25 @@ class SkipRuntime:
         return False
 
     def _update(self, n: int, alpha: torch.Tensor) -> float:
-        """Append this step's alpha (B, T) to block n's history; return w_recent averaged over rows.
+        """Append this step's alpha_{n-1 -> n} to block n's history; return w_recent averaged over rows.
 
-        Padding positions are stored as NaN and sorted to the front of each row, so the last W
-        columns hold each row's W most recent real values (vectorised: no per-row loop).
+        Padding positions are left out, so each row's window holds its W most recent real values;
+        a row with none yet does not count, and a batch with none at all gives 0.0.
         """
-        valid = self.valid if self.valid is not None and self.valid.shape == alpha.shape else None
-        if valid is not None and bool(valid.all()):
-            valid = None
-        vals = alpha if valid is None else alpha.masked_fill(~valid, float("nan"))
-        hist = self.history.get(n)
-        hist = vals if hist is None else torch.cat([hist, vals], dim=1)
-        padded = valid is not None or n in self.padded
-        if padded:
-            self.padded.add(n)
-            order = torch.argsort((~torch.isnan(hist)).to(torch.int8), dim=1, stable=True)
-            hist = hist.gather(1, order)
-        hist = hist[:, -self.window :]
-        self.history[n] = hist
-        if not padded:  # the common decode case: no NaN anywhere
-            return float(hist.mean())
-        rows = hist.nanmean(dim=1)  # (B,): NaN for a row with no real token yet
-        return float(rows.nanmean()) if not torch.isnan(rows).all() else 0.0
+        if alpha.numel() <= _WHOLE_TRANSFER:  # decode: one transfer, no slicing op
+            values = [[a[-1] for a in row] for row in alpha.tolist()]  # B lists of T floats
+        else:
+            values = alpha[..., -1].tolist()
+        valid = self.valid if self.valid_shape == tuple(alpha.shape[:2]) else None
+        rows = self.history.get(n)
+        if rows is None:
+            rows = self.history[n] = [deque(maxlen=self.window) for _ in values]
+        means = []
+        for b, (hist, row) in enumerate(zip(rows, values)):
+            hist.extend(row if valid is None else [v for v, real in zip(row, valid[b]) if real])
+            if hist:
+                means.append(sum(hist) / len(hist))
+        return sum(means) / len(means) if means else 0.0
 
     def skipped_per_step(self) -> list[int]:
         return [len(t.skipped) for t in self.trace]
