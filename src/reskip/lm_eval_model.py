@@ -3,22 +3,24 @@
 `ReskipLM` subclasses the harness's own `HFLM` and hands it the retrofitted model (its
 decoder layers are wrapped in place, so HFLM's forward and generate run through the
 side-channel); the only additions are the skip policy around every model call and
-loading by run folder. lm-eval 0.4.13 has no plug-in discovery for model names, so the
-`reskip-lm-eval` command (same arguments as `lm_eval`) registers `reskip` and then runs the
-harness's CLI. In a batch, all sequences share one skip decision per step.
+loading by run folder. In a batch, all sequences share one skip decision per step.
+
+lm-eval 0.4.13 has no plug-in discovery for model names. The name `reskip` is registered
+by `reskip_lm_eval_hook` (loaded at interpreter start by the wheel's .pth file, so the plain
+`lm_eval --model reskip` command works, and imported here too). Editable installs skip .pth
+files; there the `reskip-lm-eval` command (same arguments as `lm_eval`) does the same.
 """
 
 from __future__ import annotations
 
+import reskip_lm_eval_hook  # registers the name "reskip" (lazily, pointing at ReskipLM below)
 import torch
-from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
 from .policy_file import dense_if_uncalibrated, make_policy
 from .run_folder import load_retrofitted, resolve_adapter
 
 
-@register_model("reskip")
 class ReskipLM(HFLM):
     def __init__(self, adapter: str, policy: str = "reskip", model: str | None = None, window: int | None = None,
                  dtype: str = "float32", seed: int = 0, **kwargs):
@@ -52,6 +54,8 @@ class ReskipLM(HFLM):
 def main() -> None:
     """`reskip-lm-eval`: the harness's CLI with the `reskip` model registered."""
     from lm_eval.__main__ import cli_evaluate
+
+    reskip_lm_eval_hook.install()
 
     cli_evaluate()
 
