@@ -40,7 +40,6 @@ class DepthPass:
 
     def __init__(self, side_channel: SideChannel, n_blocks: int):
         self.side_channel = side_channel
-        self.block_modules = {n: side_channel.block(n) for n in range(2, n_blocks + 1)}  # no lookup per pass
         self.n_blocks = n_blocks
         self.enabled = True
         self.skip: frozenset[int] = frozenset()
@@ -79,7 +78,7 @@ class DepthPass:
             return hidden
         self._grow_sources(n)
         # `.forward`, not a module call: at decode the call machinery is a visible share of the cost.
-        x, alpha = self.block_modules[n].forward(self.sources, hidden, self.side_channel.curriculum)
+        x, alpha = self.side_channel.block(n).forward(self.sources, hidden, self.side_channel.curriculum)
         if self.record_alphas:
             self.alphas[n] = alpha
         if self.runtime is not None and self.runtime.decide(n, alpha):
@@ -92,12 +91,8 @@ class DepthPass:
         have = 0 if self.sources is None else self.sources.shape[-2]
         if have >= n:
             return
-        fresh = self.states[have:n]
-        if len(fresh) == 1 and self.sources is not None:  # the usual case: h_{n-1} just finished
-            self.sources = torch.cat([self.sources, fresh[0].float().unsqueeze(-2)], dim=-2)
-        else:
-            new = torch.stack([h.float() for h in fresh], dim=-2)  # (B, T, n - have, d)
-            self.sources = new if self.sources is None else torch.cat([self.sources, new], dim=-2)
+        fresh = [h.float().unsqueeze(-2) for h in self.states[have:n]]  # each (B, T, 1, d); usually just h_{n-1}
+        self.sources = torch.cat(fresh if self.sources is None else [self.sources, *fresh], dim=-2)
 
     def runs(self, n: int) -> bool:
         """Whether block n's layers run in this pass (not skipped, not replayed)."""

@@ -55,13 +55,16 @@ class DepthRouter(nn.Module):
         once and kept until a parameter changes (in-place updates bump a tensor's version;
         moving or replacing the data changes its pointer).
         """
-        if torch.is_grad_enabled():
-            return (self.source_bias @ self.query) * (1.0 / math.sqrt(self.hidden_size))
         w, b = self.query, self.source_bias
-        key = (w._version, b._version, w.data_ptr(), b.data_ptr())
-        if self._bias_cache is None or self._bias_cache[0] != key:
-            self._bias_cache = (key, (b @ w) * (1.0 / math.sqrt(self.hidden_size)))
-        return self._bias_cache[1]
+        cached = not torch.is_grad_enabled()
+        if cached:
+            key = (w._version, b._version, w.data_ptr(), b.data_ptr())
+            if self._bias_cache is not None and self._bias_cache[0] == key:
+                return self._bias_cache[1]
+        value = (b @ w) * (1.0 / math.sqrt(self.hidden_size))
+        if cached:
+            self._bias_cache = (key, value)
+        return value
 
     def logits(self, sources: torch.Tensor) -> torch.Tensor:
         """sources: h_i stacked, (B, T, n_sources, d) float32 -> (B, T, n_sources).
