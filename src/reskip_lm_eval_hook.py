@@ -56,9 +56,10 @@ class _WatchRegistry(MetaPathFinder):
     def find_spec(self, name, path, target=None):
         if name != REGISTRY_MODULE:
             return None
+        sys.meta_path.remove(self)  # its one job: later imports no longer pass through it
         for finder in sys.meta_path:
             find = getattr(finder, "find_spec", None)
-            if finder is self or find is None:
+            if find is None:
                 continue
             spec = find(name, path, target)
             if spec is not None:

@@ -13,12 +13,14 @@ files; there the `reskip-lm-eval` command (same arguments as `lm_eval`) does the
 
 from __future__ import annotations
 
-import reskip_lm_eval_hook  # registers the name "reskip" (lazily, pointing at ReskipLM below)
+import reskip_lm_eval_hook
 import torch
 from lm_eval.models.huggingface import HFLM
 
 from .policy_file import dense_if_uncalibrated, make_policy
 from .run_folder import load_retrofitted, resolve_adapter
+
+reskip_lm_eval_hook.install()  # registers the name "reskip" (lazily, pointing at ReskipLM below)
 
 
 class ReskipLM(HFLM):
@@ -55,9 +57,7 @@ def main() -> None:
     """`reskip-lm-eval`: the harness's CLI with the `reskip` model registered."""
     from lm_eval.__main__ import cli_evaluate
 
-    reskip_lm_eval_hook.install()
-
-    cli_evaluate()
+    cli_evaluate()  # the name "reskip" was registered when this module was imported
 
 
 if __name__ == "__main__":
