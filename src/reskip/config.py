@@ -69,8 +69,13 @@ class RetrofitConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> "RetrofitConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown retrofit config keys {unknown}; known keys are {sorted(known)}")
+        reject_unknown_keys(cls, data, "retrofit config", ValueError)
         return cls(**data)
+
+
+def reject_unknown_keys(cls, data: dict, what: str, error: type[Exception]) -> None:
+    """One clear error, listing the valid keys, for keys of `data` that are not fields of dataclass `cls`."""
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise error(f"unknown {what} keys {unknown}; known keys: {sorted(known)}")

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from .config import RetrofitConfig
+from .config import RetrofitConfig, reject_unknown_keys
 from .errors import ReskipError
 
 
@@ -103,10 +103,7 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> "TrainConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ReskipError(f"unknown training config keys {unknown}; known keys: {sorted(known)}")
+        reject_unknown_keys(cls, data, "training config", ReskipError)
         return cls(**data)
 
     @classmethod
