@@ -112,6 +112,22 @@ def test_chunked_scoring_equals_reference(family):
     torch.testing.assert_close(logits, reference_logits(rm, ids, trace), rtol=1e-4, atol=1e-4)
 
 
+# Reads the signal of blocks 2 and 3 and never skips (alpha <= 1 < tau).
+NEVER = ReSkip(tau={2: 2.0, 3: 2.0}, eligible={2, 3}, max_skips=2)
+
+
+def test_the_runtime_tracks_only_the_blocks_the_policy_reads():
+    rm = _rm("llama")
+    ids = torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(0))
+    only_3 = ReSkip(tau={3: 2.0}, eligible={3}, max_skips=1)
+    for policy, tracked in ((NoSkip(), set()), (StaticSkip({2}), set()), (only_3, {3}), (NEVER, {2, 3})):
+        _, trace = score(rm, ids, policy, window=3, chunk_size=2)
+        assert [set(t.w_recent) for t in trace] == [tracked] * 3, policy
+    with rm.skipping(NoSkip(), 3, track_all=True) as runtime, torch.no_grad():
+        rm(input_ids=ids)
+    assert set(runtime.trace[0].w_recent) == {2, 3}
+
+
 def test_reskip_rule_window_and_cap():
     rm = _rm("llama")
     ids = torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(0))
@@ -123,7 +139,7 @@ def test_reskip_rule_window_and_cap():
     with torch.no_grad():
         alphas = rm(input_ids=ids, output_alphas=True).alphas
     a3 = alphas[3][0, :, -1]
-    _, trace = score(rm, ids, NoSkip(), window=3, chunk_size=2)
+    _, trace = score(rm, ids, NEVER, window=3, chunk_size=2)
     assert trace[1].w_recent[3] == pytest.approx(float(a3[1:4].mean()), abs=1e-5)
     assert trace[0].w_recent[3] == pytest.approx(float(a3[0:2].mean()), abs=1e-5)
 
@@ -136,7 +152,7 @@ def test_w_recent_with_left_padding_is_the_mean_of_each_rows_last_real_values():
     window, chunk = 3, 2
     with torch.no_grad():
         alphas = rm(input_ids=ids, attention_mask=mask, output_alphas=True).alphas
-    _, trace = score(rm, ids, NoSkip(), window=window, chunk_size=chunk, attention_mask=mask)
+    _, trace = score(rm, ids, NEVER, window=window, chunk_size=chunk, attention_mask=mask)
     for step in trace:
         end = step.start + step.length
         for n in (2, 3):

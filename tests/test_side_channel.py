@@ -7,7 +7,7 @@ import torch
 
 from conftest import batch, tiny_model
 from reskip import RetrofitConfig, alpha_entropy, retrofit
-from reskip.side_channel import SideChannel, count_side_channel_params
+from reskip.side_channel import SideChannel, _norm_floor, count_side_channel_params, source_norm
 
 
 def test_param_count_matches_closed_form():
@@ -41,27 +41,39 @@ def test_router_matches_spec_formula():
     torch.testing.assert_close(x, h[-1] + ref_delta)
 
 
-def test_router_bias_cache_follows_parameter_updates():
-    """Without autograd the bias term w . b_i / sqrt(d) is cached; every way of changing the
-    parameters (in-place step, load_state_dict, a dtype round trip) must be seen."""
+def test_inference_caches_follow_parameter_updates():
+    """Without autograd the router's bias term and the gated up-projection are cached; every way
+    of changing the parameters (in-place step, load_state_dict, a dtype round trip) and the
+    curriculum must be seen."""
     torch.manual_seed(0)
-    side = SideChannel(16, 4, RetrofitConfig(rank=4))
-    router = side.block(3).router
+    side = SideChannel(16, 4, RetrofitConfig(rank=4, up_init_std=0.3))
+    block = side.block(3)
     sources = torch.randn(2, 5, 3, 16)
 
-    def fresh():  # with autograd on, nothing is cached
-        with torch.enable_grad():
-            return router.logits(sources).detach()
+    def check(c=1.0):
+        got = block(sources, sources[..., -1, :], c)
+        with torch.enable_grad():  # with autograd on, nothing is cached
+            want = block(sources, sources[..., -1, :], c)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w.detach(), rtol=0, atol=0)
 
     with torch.no_grad():
-        torch.testing.assert_close(router.logits(sources), fresh())
-        router.source_bias.add_(0.5)  # an optimizer step
-        torch.testing.assert_close(router.logits(sources), fresh())
+        check()
+        for p in side.parameters():  # new data, same version number (0): only the pointer tells
+            p.data = p.data + 0.25
+        check()
+        block.router.source_bias.add_(0.5)  # an optimizer step
+        check()
+        block.gate.mul_(0.5)
+        check()
+        block.adapter.up.weight.add_(0.1)
+        check()
+        check(0.3)  # another c(t)
         state = {k: v + 1.0 for k, v in side.state_dict().items()}
         side.load_state_dict(state)
-        torch.testing.assert_close(router.logits(sources), fresh())
+        check()
         side.double().float()
-        torch.testing.assert_close(router.logits(sources), fresh())
+        check()
 
 
 def test_initial_alpha_prefers_previous_state_but_is_not_collapsed():
@@ -201,3 +213,16 @@ def test_ce_sum_is_shifted_next_token_loss():
         logits[:, :-1].reshape(-1, 9), labels[:, 1:].reshape(-1), ignore_index=-100, reduction="sum"
     )
     torch.testing.assert_close(ce_sum(logits, labels), ref)
+
+
+def test_source_norm_is_sqrt_d_times_rms_and_trains_after_inference_mode():
+    h = torch.randn(3, 4, 16, dtype=torch.float64).float()
+    ref = torch.sqrt(16 * (h.double().pow(2).mean(-1) + 1e-6)).float()
+    _norm_floor.cache_clear()
+    with torch.inference_mode():  # the cached floor constant is first made here
+        torch.testing.assert_close(source_norm(h), ref)
+    side = SideChannel(16, 3, RetrofitConfig(rank=4))
+    sources = torch.randn(2, 5, 3, 16)
+    x, alpha = side.block(3)(sources, sources[..., -1, :], 1.0)
+    (x.sum() + alpha.pow(2).sum()).backward()  # fails if the floor were an inference tensor
+    assert side.block(3).router.query.grad is not None

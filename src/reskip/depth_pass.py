@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from . import compat
-from .side_channel import SideChannel
+from .side_channel import SideChannel, block_input
 
 
 @dataclass
@@ -48,6 +48,7 @@ class DepthPass:
         self.sources: torch.Tensor | None = None
         self.inputs: dict[int, torch.Tensor] = {}
         self.alphas: dict[int, torch.Tensor] = {}
+        self.tensors: list | None = None  # the side-channel's tensors for this pass, by block
         # capture: keep the pass's states and block inputs after it ends (in `captured`).
         # replay: (k, captured, identity) -> blocks 1..k are not run; the stream continues
         # after block k from the captured x_k (identity: block k skipped) or h_k (block k as it
@@ -56,47 +57,48 @@ class DepthPass:
         self.captured: Captured | None = None
         self.replay: tuple[int, Captured, bool] | None = None
         # ReSkip: `runtime` decides per pass (step) which blocks to skip, before each block
-        # runs; `step_skip` holds this pass's decisions. `position_skip` (reference mode, no
-        # cache) skips block n only at the positions where its (B, T) bool mask is True.
+        # runs. `idle`: the blocks whose layers do not run in this pass (skipped, replayed or
+        # decided by the runtime). `position_skip` (reference mode, no cache) skips block n
+        # only at the positions where its (B, T) bool mask is True.
         self.runtime = None
-        self.step_skip: set[int] = set()
+        self.idle: set[int] = set()
         self.position_skip: dict[int, torch.Tensor] = {}
 
     def enter_block(self, n: int, hidden: torch.Tensor) -> torch.Tensor:
         """Called before block n's first layer with h_{n-1}; returns the block input x_n."""
         if n == 1:
             self.states, self.sources, self.inputs, self.alphas = [hidden], None, {}, {}
-            self.step_skip = set()
+            self.tensors = self.side_channel.pass_tensors() if self.enabled else None
+            self.idle = set(self.skip)
+            if self.replay is not None:
+                self.idle.update(range(1, self.replay[0] + 1))
             if self.runtime is not None:
                 self.runtime.begin_step(hidden.shape[1])
                 if self.runtime.decide(1, None):  # block 1 has no router: only static policies skip it
-                    self.step_skip.add(1)
+                    self.idle.add(1)
         if self.replay is not None and n <= self.replay[0]:
             return hidden
         if n == 1 or not self.enabled:
             self.inputs[n] = hidden
             return hidden
         self._grow_sources(n)
-        # `.forward`, not a module call: at decode the call machinery is a visible share of the cost.
-        x, alpha = self.side_channel.block(n).forward(self.sources, hidden, self.side_channel.curriculum)
+        x, alpha = block_input(self.tensors[n], self.sources, hidden, self.side_channel.curriculum)
         if self.record_alphas:
             self.alphas[n] = alpha
-        if self.runtime is not None and self.runtime.decide(n, alpha):
-            self.step_skip.add(n)
+        runtime = self.runtime
+        if runtime is not None and runtime.decide(n, alpha):
+            self.idle.add(n)
         self.inputs[n] = x
         return x
 
     def _grow_sources(self, n: int) -> None:
         """Extend the stacked float32 sources to h_0..h_{n-1}: (B, T, n, d)."""
         have = 0 if self.sources is None else self.sources.shape[-2]
-        if have >= n:
-            return
-        fresh = [h.float().unsqueeze(-2) for h in self.states[have:n]]  # each (B, T, 1, d); usually just h_{n-1}
-        self.sources = torch.cat(fresh if self.sources is None else [self.sources, *fresh], dim=-2)
-
-    def runs(self, n: int) -> bool:
-        """Whether block n's layers run in this pass (not skipped, not replayed)."""
-        return n not in self.skip and n not in self.step_skip and (self.replay is None or n > self.replay[0])
+        if have == n - 1 and have:  # the usual case: h_{n-1} is new
+            self.sources = torch.cat((self.sources, self.states[have].float().unsqueeze(-2)), dim=-2)
+        elif have < n:
+            fresh = [h.float().unsqueeze(-2) for h in self.states[have:n]]  # each (B, T, 1, d)
+            self.sources = torch.cat(fresh if self.sources is None else [self.sources, *fresh], dim=-2)
 
     def leave_block(self, n: int, hidden: torch.Tensor) -> torch.Tensor:
         """Called after block n's last layer with h_n; returns the h_n the stream continues with."""
@@ -114,7 +116,7 @@ class DepthPass:
             if self.capture:
                 self.captured = Captured(self.states, self.sources, self.inputs)
             # Drop references so activations are not kept alive between passes.
-            self.states, self.sources, self.inputs = [], None, {}
+            self.states, self.sources, self.inputs, self.tensors = [], None, {}, None
         return hidden
 
 
@@ -145,15 +147,12 @@ class BlockLayer(nn.Module):
         except AttributeError:
             return getattr(super().__getattr__("layer"), name)
 
-    def __call__(self, *args, **kwargs):
-        return self.forward(*args, **kwargs)
-
     def forward(self, hidden_states: torch.Tensor, *args, **kwargs):
         dp = self._depth_pass
         n = self.block
         if self.is_first:
             hidden_states = dp.enter_block(n, hidden_states)
-        if dp.runs(n):
+        if n not in dp.idle:
             out = self._inner(hidden_states, *args, **kwargs)
             if dp.position_skip:
                 mask = dp.position_skip.get(n)
@@ -170,3 +169,5 @@ class BlockLayer(nn.Module):
             if h_next is not h:
                 out = compat.identity_output(h_next)
         return out
+
+    __call__ = forward  # one call per layer per step: skip nn.Module's dispatch

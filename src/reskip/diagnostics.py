@@ -122,8 +122,8 @@ def reading_discipline(policy: PolicyFile) -> dict:
 
 @torch.no_grad()
 def token_trace(model: ReskipModel, ids: torch.Tensor, policy: SkipPolicy, window: int) -> dict:
-    """Teacher-forced decoding, one token per step: per token, w_recent per block and the blocks skipped."""
-    with model.skipping(policy, window) as runtime:
+    """Teacher-forced decoding, one token per step: per token, w_recent of every block and the blocks skipped."""
+    with model.skipping(policy, window, track_all=True) as runtime:
         cache = DynamicCache()
         for t in range(ids.shape[1]):
             model(input_ids=ids[:, t : t + 1], use_cache=True, **{cache_kwarg(): cache})

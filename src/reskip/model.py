@@ -154,13 +154,14 @@ class ReskipModel(nn.Module):
             yield
 
     @contextlib.contextmanager
-    def skipping(self, policy, window: int):
+    def skipping(self, policy, window: int, track_all: bool = False):
         """Apply a skip policy to every pass inside (scoring, chunks, `generate`); yields the runtime,
-        whose `trace` records which blocks ran at each step. A pass that starts with an empty
-        cache starts a new sequence (history and trace reset)."""
+        whose `trace` records which blocks ran at each step, and w_recent for the blocks the policy
+        reads (every block with `track_all`). A pass that starts with an empty cache starts a new
+        sequence (history and trace reset)."""
         from .skipping import SkipRuntime
 
-        runtime = SkipRuntime(policy, window)
+        runtime = SkipRuntime(policy, window, track_all)
 
         def before_forward(module, args, kwargs):
             ids = kwargs.get("input_ids", args[0] if args else None)

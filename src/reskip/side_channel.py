@@ -12,7 +12,9 @@ All side-channel parameters are kept in float32 whatever the backbone dtype.
 
 from __future__ import annotations
 
+import functools
 import math
+from typing import Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -24,13 +26,54 @@ _ACT = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
 RMS_EPS = 1e-6
 
 
-def source_scale(h: torch.Tensor) -> torch.Tensor:
-    """1 / (sqrt(d) RMS(h)) over the last dim of a float32 h: (..., d) -> (...).
+@functools.lru_cache(maxsize=None)
+def _norm_floor(hidden_size: int, device: torch.device) -> torch.Tensor:
+    # Kept across calls, so never an inference tensor (autograd may not save those for backward).
+    with torch.inference_mode(False):
+        return torch.tensor(math.sqrt(hidden_size * RMS_EPS), device=device)
 
-    RMSNorm has no learned weight here, so w . RMSNorm(h) / sqrt(d) = (w . h) * source_scale(h),
-    with RMS(h) = sqrt(mean(h^2) + eps), i.e. sqrt(d) RMS(h) = sqrt(sum(h^2) + d eps).
+
+def source_norm(h: torch.Tensor, floor: torch.Tensor | None = None) -> torch.Tensor:
+    """sqrt(d) RMS(h) over the last dim of a float32 h: (..., d) -> (...).
+
+    RMSNorm has no learned weight here, so w . RMSNorm(h) / sqrt(d) = (w . h) / source_norm(h),
+    with RMS(h) = sqrt(mean(h^2) + eps), i.e. sqrt(d) RMS(h) = sqrt(|h|^2 + d eps) = hypot(|h|, floor),
+    floor = sqrt(d eps): two ops (the norm and hypot), not four.
     """
-    return torch.linalg.vecdot(h, h).add(h.shape[-1] * RMS_EPS).rsqrt()
+    if floor is None:
+        floor = _norm_floor(h.shape[-1], h.device)
+    return torch.hypot(torch.linalg.vector_norm(h, dim=-1), floor)
+
+
+class DerivedCache:
+    """A value derived from parameters (no input), kept while autograd is off (inference).
+
+    It is recomputed when a parameter changes: an in-place update bumps a tensor's version,
+    moving or replacing the data changes its pointer; `extra` is any other input (c(t)).
+    With autograd on, it is computed every time, so gradients flow as usual.
+    """
+
+    def __init__(self):
+        self.key = None
+        self.value = None
+
+    def get(self, params: tuple, extra, compute: Callable[[], object]):
+        if torch.is_grad_enabled():
+            return compute()
+        key = (extra, *[p._version for p in params], *[p.data_ptr() for p in params])
+        if key != self.key:
+            self.value, self.key = compute(), key
+        return self.value
+
+
+def router_logits(query: torch.Tensor, bias_logits: torch.Tensor, sources: torch.Tensor,
+                  floor: torch.Tensor | None = None) -> torch.Tensor:
+    """sources: h_i stacked, (B, T, n_sources, d) float32 -> logits (B, T, n_sources).
+
+    w . (RMSNorm(h_i) + b_i) / sqrt(d) = (w . h_i) / source_norm(h_i) + w . b_i / sqrt(d), so
+    the normalised copies of the sources are never built.
+    """
+    return torch.addcdiv(bias_logits, sources @ query, source_norm(sources, floor))
 
 
 class DepthRouter(nn.Module):
@@ -46,33 +89,13 @@ class DepthRouter(nn.Module):
         b[-1] = config.prev_logit_init * math.sqrt(hidden_size) * w / w.dot(w)
         self.query = nn.Parameter(w)  # w_n: (d,)
         self.source_bias = nn.Parameter(b)  # b_i: (n_sources, d)
-        self._bias_cache: tuple | None = None
 
     def bias_logits(self) -> torch.Tensor:
-        """w . b_i / sqrt(d) for every source: (n_sources,).
-
-        It does not depend on the input, so while autograd is off (inference) it is computed
-        once and kept until a parameter changes (in-place updates bump a tensor's version;
-        moving or replacing the data changes its pointer).
-        """
-        w, b = self.query, self.source_bias
-        cached = not torch.is_grad_enabled()
-        if cached:
-            key = (w._version, b._version, w.data_ptr(), b.data_ptr())
-            if self._bias_cache is not None and self._bias_cache[0] == key:
-                return self._bias_cache[1]
-        value = (b @ w) * (1.0 / math.sqrt(self.hidden_size))
-        if cached:
-            self._bias_cache = (key, value)
-        return value
+        """w . b_i / sqrt(d) for every source: (n_sources,); it does not depend on the input."""
+        return (self.source_bias @ self.query) * (1.0 / math.sqrt(self.hidden_size))
 
     def logits(self, sources: torch.Tensor) -> torch.Tensor:
-        """sources: h_i stacked, (B, T, n_sources, d) float32 -> (B, T, n_sources).
-
-        w . (RMSNorm(h_i) + b_i) / sqrt(d) = (w . h_i) * source_scale(h_i) + w . b_i / sqrt(d), so
-        the normalised copies of the sources are never built.
-        """
-        return torch.addcmul(self.bias_logits(), sources @ self.query, source_scale(sources))
+        return router_logits(self.query, self.bias_logits(), sources)
 
     def forward(self, sources: torch.Tensor) -> torch.Tensor:
         return self.logits(sources).softmax(dim=-1)
@@ -91,8 +114,42 @@ class LowRankAdapter(nn.Module):
             self.up.weight.copy_(torch.randn(hidden_size, rank, generator=generator) * config.up_init_std)
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:
-        # F.linear directly: at decode shapes the Linear modules' call overhead is most of the cost.
-        return F.linear(self.act(F.linear(u, self.down.weight)), self.up.weight)
+        return self.up(self.act(self.down(u)))
+
+
+class BlockTensors(NamedTuple):
+    """One block's side-channel tensors, read once per pass (a pass never changes them).
+
+    At decode each attribute read through nn.Module costs a visible share of the block's
+    budget, so a pass reads them all up front (`SideChannel.pass_tensors`)."""
+
+    query: torch.Tensor  # w_n (d,)
+    bias_logits: torch.Tensor  # w_n . b_i / sqrt(d), (n,)
+    down: torch.Tensor  # W_down (r, d)
+    gated_up_t: torch.Tensor  # (gamma_n W_up)^T, (r, d): the gate folded into the up-projection
+    act: Callable[[torch.Tensor], torch.Tensor]
+    norm_floor: torch.Tensor  # sqrt(d eps), () (see `source_norm`)
+
+
+def block_input(t: BlockTensors, sources: torch.Tensor, hidden: torch.Tensor, curriculum: float):
+    """Block n's input x_n = h_{n-1} + gamma_n A_n(r_n - h_{n-1}), and alpha.
+
+    sources: h_0..h_{n-1} (B, T, n, d) float32; hidden: h_{n-1} (B, T, d) in the backbone
+    dtype. Returns (x_n like hidden, alpha (B, T, n)).
+    At decode every op here is a fixed per-call cost, so the steps are fused where an op allows.
+    """
+    alpha = router_logits(t.query, t.bias_logits, sources, t.norm_floor).softmax(dim=-1)
+    n, d = sources.shape[-2:]
+    # h_{n-1} is `hidden` (in float32 the very tensor stacked last in `sources`; otherwise
+    # its exact float32 copy). Rows are flattened: (BT, d).
+    h = hidden.float().reshape(-1, d)
+    # r_n - h_{n-1} = sum_i alpha_i h_i - h_{n-1}, as one batched product:
+    # (BT, 1, n) @ (BT, n, d) - (BT, 1, d)
+    u = torch.baddbmm(h.unsqueeze(1), alpha.reshape(-1, 1, n), sources.reshape(-1, n, d), beta=-1).view(-1, d)
+    z = t.act(F.linear(u, t.down))  # sigma(W_down u), (BT, r)
+    if hidden.dtype == torch.float32:  # x_n = h_{n-1} + z (gamma W_up)^T in one product
+        return torch.addmm(h, z, t.gated_up_t).view_as(hidden), alpha
+    return hidden + (z @ t.gated_up_t).view_as(hidden).to(hidden.dtype), alpha
 
 
 class BlockSideChannel(nn.Module):
@@ -104,26 +161,24 @@ class BlockSideChannel(nn.Module):
         self.router = DepthRouter(hidden_size, n_sources, config, generator)
         self.adapter = LowRankAdapter(hidden_size, rank, config, generator)
         self.gate = nn.Parameter(torch.ones(()))
+        self._tensors = DerivedCache()
+
+    def tensors(self, curriculum: float) -> BlockTensors:
+        """This block's tensors at c(t) = curriculum; the derived ones (the router's bias term and the
+        gated up-projection) are computed once and kept while autograd is off."""
+        r, a, g = self.router, self.adapter, self.gate
+        q, b, down, up = r.query, r.source_bias, a.down.weight, a.up.weight
+
+        def compute():
+            gamma = g if curriculum == 1.0 else curriculum * g  # c(t) = 1 after the ramp
+            floor = _norm_floor(r.hidden_size, q.device)
+            return BlockTensors(q, r.bias_logits(), down, (up * gamma).t(), a.act, floor)
+
+        return self._tensors.get((q, b, down, up, g), curriculum, compute)
 
     def forward(self, sources: torch.Tensor, hidden: torch.Tensor, curriculum: float):
-        """Block n's input x_n = h_{n-1} + gamma_n A_n(r_n - h_{n-1}), and alpha.
-
-        sources: h_0..h_{n-1} (B, T, n, d) float32; hidden: h_{n-1} (B, T, d) in the backbone
-        dtype. Returns (x_n like hidden, alpha (B, T, n)).
-        At decode every op here is a fixed per-call cost, so the steps are fused where an op allows.
-        """
-        # Methods, not module calls: at decode the module-call machinery is a visible share of the cost.
-        alpha = self.router.logits(sources).softmax(dim=-1)
-        *lead, n, d = sources.shape
-        # r_n - h_{n-1} = sum_i alpha_i h_i - h_{n-1}, as one batched product:
-        # (BT, 1, n) @ (BT, n, d) - (BT, 1, d)
-        u = torch.baddbmm(sources[..., -1, :].reshape(-1, 1, d), alpha.reshape(-1, 1, n), sources.reshape(-1, n, d),
-                          beta=-1).view(*lead, d)
-        correction = self.adapter.forward(u)
-        gamma = self.gate if curriculum == 1.0 else curriculum * self.gate  # c(t) = 1 after the ramp
-        if hidden.dtype == correction.dtype:
-            return torch.addcmul(hidden, gamma, correction), alpha
-        return hidden + (gamma * correction).to(hidden.dtype), alpha
+        """(x_n, alpha) for sources h_0..h_{n-1} (B, T, n, d) and h_{n-1} (B, T, d): see `block_input`."""
+        return block_input(self.tensors(curriculum), sources, hidden, curriculum)
 
 
 class SideChannel(nn.Module):
@@ -144,6 +199,10 @@ class SideChannel(nn.Module):
 
     def block(self, n: int) -> BlockSideChannel:
         return self.per_block[str(n)]
+
+    def pass_tensors(self) -> list[BlockTensors | None]:
+        """Every block's tensors for one pass, indexed by n (None for n = 0, 1)."""
+        return [None, None] + [self.block(n).tensors(self.curriculum) for n in range(2, self.n_blocks + 1)]
 
 
 def count_side_channel_params(hidden_size: int, n_blocks: int, rank: int) -> int:

@@ -25,6 +25,10 @@ class SkipPolicy:
     def skip(self, n: int, w_recent: float, skipped_so_far: int, step: int) -> bool:
         return False
 
+    def reads_signal(self, n: int) -> bool:
+        """Whether `skip` looks at w_recent(n); the runtime keeps block n's history only if so."""
+        return False
+
     def describe(self) -> dict:
         return {"policy": self.name}
 
@@ -44,6 +48,9 @@ class ReSkip(SkipPolicy):
 
     def skip(self, n, w_recent, skipped_so_far, step):
         return n in self.eligible and skipped_so_far < self.max_skips and w_recent > self.tau[n]
+
+    def reads_signal(self, n):
+        return n in self.eligible
 
     def describe(self):
         return {"policy": self.name, "max_skips": self.max_skips, "eligible": sorted(self.eligible),
@@ -108,14 +115,18 @@ class SkipRuntime:
     The decision is taken on the host before a block runs, so each router's alpha_{n-1 -> n}
     for the step comes over once (`tolist`); the history is then a few Python floats per row.
     This keeps the per-block cost at decode to about one small transfer instead of several
-    tensor ops (the router's overhead budget is a few percent of a decode step).
+    tensor ops (the router's overhead budget is a few percent of a decode step). Only the
+    blocks whose signal the policy reads are tracked (ReSkip: the eligible ones), unless
+    `track_all` (diagnostics): the others cost nothing here and have no `w_recent` in the trace.
     """
 
-    def __init__(self, policy: SkipPolicy, window: int):
+    def __init__(self, policy: SkipPolicy, window: int, track_all: bool = False):
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
         self.policy = policy
         self.window = window
+        self.track_all = track_all
+        self.tracked: dict[int, bool] = {}  # n -> whether block n's signal is kept
         self.trace: list[StepTrace] = []
         self.history: dict[int, list[deque]] = {}  # n -> per row, its W most recent real values
         self.position = 0
@@ -144,8 +155,12 @@ class SkipRuntime:
         current = self.trace[-1]
         w = float("nan")
         if alpha is not None:
-            w = self._update(n, alpha)
-            current.w_recent[n] = w
+            tracked = self.tracked.get(n)
+            if tracked is None:
+                tracked = self.tracked[n] = self.track_all or self.policy.reads_signal(n)
+            if tracked:
+                w = self._update(n, alpha)
+                current.w_recent[n] = w
         if self.policy.skip(n, w, len(current.skipped), current.step):
             current.skipped.append(n)
             return True
