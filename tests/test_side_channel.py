@@ -226,3 +226,23 @@ def test_source_norm_is_sqrt_d_times_rms_and_trains_after_inference_mode():
     x, alpha = side.block(3)(sources, sources[..., -1, :], 1.0)
     (x.sum() + alpha.pow(2).sum()).backward()  # fails if the floor were an inference tensor
     assert side.block(3).router.query.grad is not None
+
+
+def test_block_input_with_a_bfloat16_backbone_adds_the_float32_correction():
+    """The side-channel works in float32; a bfloat16 stream gets the correction added in its own dtype."""
+    torch.manual_seed(1)
+    d, n = 16, 3
+    block = SideChannel(d, 4, RetrofitConfig(rank=4, up_init_std=0.3)).block(n)
+    hidden = (torch.randn(2, 5, d) * 3).bfloat16()
+    sources = torch.stack([torch.randn(2, 5, d), torch.randn(2, 5, d), hidden.float()], dim=-2)
+    x, alpha = block(sources, hidden, 0.5)
+    alpha_ref = block.router(sources)
+    r = (alpha_ref.unsqueeze(-1) * sources).sum(-2)
+    a = block.adapter
+    correction = 0.5 * block.gate * a.up(torch.nn.functional.silu(a.down(r - hidden.float())))
+    assert x.dtype == torch.bfloat16 and correction.abs().max() > 0.1  # something to see
+    torch.testing.assert_close(alpha, alpha_ref)
+    # Two bfloat16 roundings (the correction, then the sum), each within half an ulp (2^-8 relative).
+    error = (x.float() - (hidden.float() + correction)).abs()
+    assert (error <= 2**-7 * (hidden.float().abs() + correction.abs()) + 1e-6).all()
+    assert not torch.equal(x, hidden)

@@ -140,9 +140,9 @@ def block_input(t: BlockTensors, sources: torch.Tensor, hidden: torch.Tensor, cu
     """
     alpha = router_logits(t.query, t.bias_logits, sources, t.norm_floor).softmax(dim=-1)
     n, d = sources.shape[-2:]
-    # h_{n-1} is `hidden` (in float32 the very tensor stacked last in `sources`; otherwise
-    # its exact float32 copy). Rows are flattened: (BT, d).
-    h = hidden.float().reshape(-1, d)
+    # h_{n-1} in float32, rows flattened: (BT, d). In float32 `hidden` is the very tensor stacked
+    # last in `sources`; otherwise that stacked entry is its exact float32 copy (no new cast).
+    h = (hidden if hidden.dtype == torch.float32 else sources[..., -1, :]).reshape(-1, d)
     # r_n - h_{n-1} = sum_i alpha_i h_i - h_{n-1}, as one batched product:
     # (BT, 1, n) @ (BT, n, d) - (BT, 1, d)
     u = torch.baddbmm(h.unsqueeze(1), alpha.reshape(-1, 1, n), sources.reshape(-1, n, d), beta=-1).view(-1, d)
