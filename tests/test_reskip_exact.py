@@ -8,7 +8,7 @@ from conftest import VOCAB, batch, tiny_model
 from reskip import RetrofitConfig, retrofit
 from reskip.compat import append_kv, cache_kwarg
 from reskip.scoring import generate, reference_logits, score
-from reskip.skipping import NoSkip, RandomSkip, ReSkip, StaticSkip
+from reskip.skipping import NoSkip, RandomSkip, ReSkip, SkipPolicy, StaticSkip
 
 EXACT_FAMILIES = ["llama", "qwen3", "gemma3", "qwen2", "mistral"]
 
@@ -120,7 +120,15 @@ def test_the_runtime_tracks_only_the_blocks_the_policy_reads():
     rm = _rm("llama")
     ids = torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(0))
     only_3 = ReSkip(tau={3: 2.0}, eligible={3}, max_skips=1)
-    for policy, tracked in ((NoSkip(), set()), (StaticSkip({2}), set()), (only_3, {3}), (NEVER, {2, 3})):
+
+    class Custom(SkipPolicy):  # says nothing about its signal: it gets every block's
+        def skip(self, n, w_recent, skipped_so_far, step):
+            assert n == 1 or w_recent == w_recent  # block 1 has no router; every other block a number
+            return False
+
+    cases = ((NoSkip(), set()), (StaticSkip({2}), set()), (RandomSkip(0.0, {2, 3}), set()), (only_3, {3}),
+             (NEVER, {2, 3}), (Custom(), {2, 3}))
+    for policy, tracked in cases:
         _, trace = score(rm, ids, policy, window=3, chunk_size=2)
         assert [set(t.w_recent) for t in trace] == [tracked] * 3, policy
     with rm.skipping(NoSkip(), 3, track_all=True) as runtime, torch.no_grad():

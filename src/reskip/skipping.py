@@ -26,8 +26,9 @@ class SkipPolicy:
         return False
 
     def reads_signal(self, n: int) -> bool:
-        """Whether `skip` looks at w_recent(n); the runtime keeps block n's history only if so."""
-        return False
+        """Whether `skip` looks at w_recent(n); the runtime keeps block n's history only if so.
+        True unless a policy says otherwise, so a new policy always sees its signal."""
+        return True
 
     def describe(self) -> dict:
         return {"policy": self.name}
@@ -35,6 +36,9 @@ class SkipPolicy:
 
 class NoSkip(SkipPolicy):
     name = "none"
+
+    def reads_signal(self, n):
+        return False
 
 
 @dataclass
@@ -67,6 +71,9 @@ class StaticSkip(SkipPolicy):
     def skip(self, n, w_recent, skipped_so_far, step):
         return n in self.blocks
 
+    def reads_signal(self, n):
+        return False
+
     def describe(self):
         return {"policy": self.name, "blocks": sorted(self.blocks)}
 
@@ -86,6 +93,9 @@ class RandomSkip(SkipPolicy):
 
     def skip(self, n, w_recent, skipped_so_far, step):
         return n in self.eligible and self.rng.random() < self.p
+
+    def reads_signal(self, n):
+        return False
 
     def describe(self):
         return {"policy": self.name, "p": self.p, "eligible": sorted(self.eligible), "seed": self.seed}
