@@ -94,11 +94,10 @@ class DepthPass:
     def _grow_sources(self, n: int) -> None:
         """Extend the stacked float32 sources to h_0..h_{n-1}: (B, T, n, d)."""
         have = 0 if self.sources is None else self.sources.shape[-2]
-        if have == n - 1 and have:  # the usual case: h_{n-1} is new
-            self.sources = torch.cat((self.sources, self.states[have].float().unsqueeze(-2)), dim=-2)
-        elif have < n:
-            fresh = [h.float().unsqueeze(-2) for h in self.states[have:n]]  # each (B, T, 1, d)
-            self.sources = torch.cat(fresh if self.sources is None else [self.sources, *fresh], dim=-2)
+        if have >= n:
+            return
+        fresh = [h.float().unsqueeze(-2) for h in self.states[have:n]]  # each (B, T, 1, d); usually just h_{n-1}
+        self.sources = torch.cat(fresh if self.sources is None else [self.sources, *fresh], dim=-2)
 
     def leave_block(self, n: int, hidden: torch.Tensor) -> torch.Tensor:
         """Called after block n's last layer with h_n; returns the h_n the stream continues with."""

@@ -170,9 +170,8 @@ class BlockSideChannel(nn.Module):
         q, b, down, up = r.query, r.source_bias, a.down.weight, a.up.weight
 
         def compute():
-            gamma = g if curriculum == 1.0 else curriculum * g  # c(t) = 1 after the ramp
             floor = _norm_floor(r.hidden_size, q.device)
-            return BlockTensors(q, r.bias_logits(), down, (up * gamma).t(), a.act, floor)
+            return BlockTensors(q, r.bias_logits(), down, (up * (curriculum * g)).t(), a.act, floor)
 
         return self._tensors.get((q, b, down, up, g), curriculum, compute)
 
