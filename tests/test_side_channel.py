@@ -42,20 +42,24 @@ def test_router_matches_spec_formula():
 
 
 def test_inference_caches_follow_parameter_updates():
-    """Without autograd the router's bias term and the gated up-projection are cached; every way
-    of changing the parameters (in-place step, load_state_dict, a dtype round trip) and the
-    curriculum must be seen."""
+    """Without autograd the router's bias term and the gated up-projection are cached, per block and
+    for the whole pass; every way of changing the parameters (in-place step, a new Parameter,
+    load_state_dict, a dtype round trip) and the curriculum must be seen."""
     torch.manual_seed(0)
     side = SideChannel(16, 4, RetrofitConfig(rank=4, up_init_std=0.3))
     block = side.block(3)
     sources = torch.randn(2, 5, 3, 16)
 
     def check(c=1.0):
-        got = block(sources, sources[..., -1, :], c)
+        side.curriculum = c
+        got, got_pass = block(sources, sources[..., -1, :], c), side.pass_tensors()
         with torch.enable_grad():  # with autograd on, nothing is cached
-            want = block(sources, sources[..., -1, :], c)
+            want, want_pass = block(sources, sources[..., -1, :], c), side.pass_tensors()
         for g, w in zip(got, want):
             torch.testing.assert_close(g, w.detach(), rtol=0, atol=0)
+        for g, w in zip(got_pass[2:], want_pass[2:]):  # every block's tensors for a pass
+            for a, b in zip(g[:4], w[:4]):
+                torch.testing.assert_close(a, b.detach(), rtol=0, atol=0)
 
     with torch.no_grad():
         check()
@@ -64,16 +68,31 @@ def test_inference_caches_follow_parameter_updates():
         check()
         block.router.source_bias.add_(0.5)  # an optimizer step
         check()
+        for p in side.parameters():  # each parameter alone, in every block
+            p.add_(0.01)
+            check()
         block.gate.mul_(0.5)
         check()
         block.adapter.up.weight.add_(0.1)
         check()
         check(0.3)  # another c(t)
+        block.gate = torch.nn.Parameter(torch.full((), 0.25))  # a new Parameter object
+        check(0.3)
+        side.block(4).router.query = torch.nn.Parameter(torch.randn(16))
+        check(0.3)
         state = {k: v + 1.0 for k, v in side.state_dict().items()}
         side.load_state_dict(state)
         check()
         side.double().float()
         check()
+
+
+def test_parameter_tensors_are_exactly_the_block_parameters():
+    """The inference caches key on `parameter_tensors()`; a parameter it missed would go stale."""
+    side = SideChannel(16, 4, RetrofitConfig(rank=4))
+    for n in range(2, 5):
+        block = side.block(n)
+        assert sorted(map(id, block.parameter_tensors())) == sorted(map(id, block.parameters()))
 
 
 def test_initial_alpha_prefers_previous_state_but_is_not_collapsed():

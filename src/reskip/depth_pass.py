@@ -33,8 +33,9 @@ class DepthPass:
     enabled: False -> the side-channel is off and the model is the backbone (teacher).
     skip: blocks replaced by identity in the next passes.
     states: h_0..h_n of the current pass, each (B, T, d) in the backbone dtype.
-    sources: h_0..h_{k-1} stacked in float32 (B, T, k, d), grown by concatenation as blocks
-        finish (autograd-safe, nothing written in place).
+    float_states: the float32 copies of states made so far (in a float32 stream, the states).
+    sources: h_0..h_{k-1} stacked in float32 (B, T, k, d) for block k's router, stacked anew
+        for each block (one op; autograd-safe, nothing written in place).
     alphas: block n -> alpha (B, T, n) of the last pass, when `record_alphas`.
     """
 
@@ -45,6 +46,7 @@ class DepthPass:
         self.skip: frozenset[int] = frozenset()
         self.record_alphas = False
         self.states: list[torch.Tensor] = []
+        self.float_states: list[torch.Tensor] = []
         self.sources: torch.Tensor | None = None
         self.inputs: dict[int, torch.Tensor] = {}
         self.alphas: dict[int, torch.Tensor] = {}
@@ -67,7 +69,7 @@ class DepthPass:
     def enter_block(self, n: int, hidden: torch.Tensor) -> torch.Tensor:
         """Called before block n's first layer with h_{n-1}; returns the block input x_n."""
         if n == 1:
-            self.states, self.sources, self.inputs, self.alphas = [hidden], None, {}, {}
+            self.states, self.float_states, self.sources, self.inputs, self.alphas = [hidden], [], None, {}, {}
             self.tensors = self.side_channel.pass_tensors() if self.enabled else None
             self.idle = set(self.skip)
             if self.replay is not None:
@@ -92,12 +94,11 @@ class DepthPass:
         return x
 
     def _grow_sources(self, n: int) -> None:
-        """Extend the stacked float32 sources to h_0..h_{n-1}: (B, T, n, d)."""
-        have = 0 if self.sources is None else self.sources.shape[-2]
-        if have >= n:
-            return
-        fresh = [h.float().unsqueeze(-2) for h in self.states[have:n]]  # each (B, T, 1, d); usually just h_{n-1}
-        self.sources = torch.cat(fresh if self.sources is None else [self.sources, *fresh], dim=-2)
+        """Stack the float32 sources h_0..h_{n-1}: (B, T, n, d). Each state is cast once per pass."""
+        fs = self.float_states
+        while len(fs) < n:  # usually just h_{n-1}; the float() of a float32 state is the state itself
+            fs.append(self.states[len(fs)].float())
+        self.sources = torch.stack(fs[:n], dim=-2)
 
     def leave_block(self, n: int, hidden: torch.Tensor) -> torch.Tensor:
         """Called after block n's last layer with h_n; returns the h_n the stream continues with."""
@@ -107,7 +108,7 @@ class DepthPass:
                 return hidden  # placeholder flowing through un-run blocks; replaced at block k
             hidden = cap.inputs[k] if identity else cap.states[k]
             self.states = cap.states[:k] + [hidden]
-            self.sources = None if cap.sources is None else cap.sources[..., :k, :]
+            self.float_states = [] if cap.sources is None else list(cap.sources[..., :k, :].unbind(-2))
             self.inputs = {j: x for j, x in cap.inputs.items() if j <= k}
         else:
             self.states.append(hidden)
@@ -115,7 +116,7 @@ class DepthPass:
             if self.capture:
                 self.captured = Captured(self.states, self.sources, self.inputs)
             # Drop references so activations are not kept alive between passes.
-            self.states, self.sources, self.inputs, self.tensors = [], None, {}, None
+            self.states, self.float_states, self.sources, self.inputs, self.tensors = [], [], None, {}, None
         return hidden
 
 

@@ -49,20 +49,23 @@ class DerivedCache:
     """A value derived from parameters (no input), kept while autograd is off (inference).
 
     It is recomputed when a parameter changes: an in-place update bumps a tensor's version,
-    moving or replacing the data changes its pointer; `extra` is any other input (c(t)).
+    moving or replacing the data changes its pointer, and a new Parameter object has a new id
+    (the cache holds the ones it was computed from, so neither an id nor a data pointer can
+    be reused while it is kept); `extra` is any other input (c(t)).
     With autograd on, it is computed every time, so gradients flow as usual.
     """
 
     def __init__(self):
         self.key = None
         self.value = None
+        self.params = ()
 
-    def get(self, params: tuple, extra, compute: Callable[[], object]):
+    def get(self, params, extra, compute: Callable[[], object]):
         if torch.is_grad_enabled():
             return compute()
-        key = (extra, *[p._version for p in params], *[p.data_ptr() for p in params])
+        key = (extra, *map(id, params), *[p._version for p in params], *[p.data_ptr() for p in params])
         if key != self.key:
-            self.value, self.key = compute(), key
+            self.value, self.key, self.params = compute(), key, tuple(params)
         return self.value
 
 
@@ -163,17 +166,25 @@ class BlockSideChannel(nn.Module):
         self.gate = nn.Parameter(torch.ones(()))
         self._tensors = DerivedCache()
 
+    def parameter_tensors(self) -> tuple[torch.Tensor, ...]:
+        """w_n, b_i, W_down, W_up, g_n, read from the module dicts: a pass reads them at every decode
+        step, and each attribute lookup through nn.Module costs about a microsecond. A test checks
+        that these are exactly `self.parameters()`."""
+        r, a = self._modules["router"]._parameters, self._modules["adapter"]._modules
+        return (r["query"], r["source_bias"], a["down"]._parameters["weight"], a["up"]._parameters["weight"],
+                self._parameters["gate"])
+
     def tensors(self, curriculum: float) -> BlockTensors:
         """This block's tensors at c(t) = curriculum; the derived ones (the router's bias term and the
         gated up-projection) are computed once and kept while autograd is off."""
-        r, a, g = self.router, self.adapter, self.gate
-        q, b, down, up = r.query, r.source_bias, a.down.weight, a.up.weight
+        params = self.parameter_tensors()
+        return self._tensors.get(params, curriculum, lambda: self._compute_tensors(curriculum))
 
-        def compute():
-            floor = _norm_floor(r.hidden_size, q.device)
-            return BlockTensors(q, r.bias_logits(), down, (up * (curriculum * g)).t(), a.act, floor)
-
-        return self._tensors.get((q, b, down, up, g), curriculum, compute)
+    def _compute_tensors(self, curriculum: float) -> BlockTensors:
+        r, a = self.router, self.adapter
+        q, up = r.query, a.up.weight
+        floor = _norm_floor(r.hidden_size, q.device)
+        return BlockTensors(q, r.bias_logits(), a.down.weight, (up * (curriculum * self.gate)).t(), a.act, floor)
 
     def forward(self, sources: torch.Tensor, hidden: torch.Tensor, curriculum: float):
         """(x_n, alpha) for sources h_0..h_{n-1} (B, T, n, d) and h_{n-1} (B, T, d): see `block_input`."""
@@ -195,13 +206,25 @@ class SideChannel(nn.Module):
             {str(n): BlockSideChannel(hidden_size, n, rank, config, generator) for n in range(2, n_blocks + 1)}
         )
         self.curriculum = 1.0
+        self._pass_tensors = DerivedCache()
 
     def block(self, n: int) -> BlockSideChannel:
         return self.per_block[str(n)]
 
     def pass_tensors(self) -> list[BlockTensors | None]:
-        """Every block's tensors for one pass, indexed by n (None for n = 0, 1)."""
-        return [None, None] + [self.block(n).tensors(self.curriculum) for n in range(2, self.n_blocks + 1)]
+        """Every block's tensors for one pass, indexed by n (None for n = 0, 1). While autograd is off
+        the list is kept whole, under one key over every block's parameters and c(t): one check per
+        decode step instead of one per block."""
+        blocks = list(self.per_block._modules.values())  # blocks 2..N in order
+        c = self.curriculum
+
+        def compute():
+            return [None, None] + [blk.tensors(c) for blk in blocks]
+
+        if torch.is_grad_enabled():
+            return compute()
+        params = [p for blk in blocks for p in blk.parameter_tensors()]
+        return self._pass_tensors.get(params, c, compute)
 
 
 def count_side_channel_params(hidden_size: int, n_blocks: int, rank: int) -> int:
