@@ -99,6 +99,7 @@ def main(argv=None):
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--prefill-len", type=int, default=512)
     ap.add_argument("--decode-steps", type=int, default=32)
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--repeats", type=int, default=5)
@@ -115,6 +116,8 @@ def main(argv=None):
         rm = retrofit(base, RetrofitConfig())
         rm.set_curriculum(1.0)
         k = args.static_k or 2
+        if not 1 <= k < rm.n_blocks:
+            raise SystemExit(f"--static-k must lie in 1..{rm.n_blocks - 1} (this model has {rm.n_blocks} blocks)")
         blocks = set(range(2, 2 + k))
         skip_policy, window = StaticSkip(blocks, name=f"static-middle:{k}"), 16
         label = f"random {args.random_config}"
@@ -169,7 +172,7 @@ def main(argv=None):
                                                 if ideal["ideal_speedup"] > 1 else None)
         report[f"batch_{bsz}"] = row
 
-    ids = torch.randint(3, vocab, (1, 512), generator=g).to(args.device)
+    ids = torch.randint(3, vocab, (1, args.prefill_len), generator=g).to(args.device)
     methods = {"backbone": (None, True), "retrofit": (NoSkip(), False), **{n: (p, False) for n, p in policies.items()}}
     for name, (pol, bb) in methods.items():
         prefill_run(rm, ids, pol, window, backbone=bb)
@@ -177,8 +180,9 @@ def main(argv=None):
     for _ in range(args.repeats):
         for name, (pol, bb) in methods.items():
             pre[name].append(prefill_run(rm, ids, pol, window, backbone=bb)[0])
-    report["prefill_512"] = {f"tok_s_{n}": 512 / statistics.median(v) for n, v in pre.items()}
-    report["prefill_512"]["router_overhead_no_skip"] = paired_overhead(pre["retrofit"], pre["backbone"])
+    prefill = report[f"prefill_{args.prefill_len}"] = {f"tok_s_{n}": args.prefill_len / statistics.median(v)
+                                                       for n, v in pre.items()}
+    prefill["router_overhead_no_skip"] = paired_overhead(pre["retrofit"], pre["backbone"])
     print(json.dumps(report))
 
 

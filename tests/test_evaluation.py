@@ -1,12 +1,16 @@
-"""reskip eval on a tiny calibrated run; FLOPs accounting; benchmark loaders."""
+"""reskip eval on a tiny calibrated run; FLOPs accounting; benchmark loaders; the speed benchmark."""
 
+import importlib.util
 import json
+import math
+from pathlib import Path
 
 import pytest
 
 from conftest import has_package, save_tiny, write_corpus
 from reskip.cli import main
 from reskip.flops import LayerFlops, executed_share
+from reskip.policy_file import PolicyFile
 
 
 def test_layer_flops_of_smollm2():
@@ -69,6 +73,57 @@ def test_eval_refuses_unknown_methods_and_benchmarks(calibrated_run, capsys):
 
 
 @pytest.mark.real
+def _speed_benchmark():
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "speed.py"
+    spec = importlib.util.spec_from_file_location("speed_benchmark", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _speed_report(capsys, argv) -> dict:
+    _speed_benchmark().main(argv)
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 1  # one JSON line
+    return json.loads(lines[0])
+
+
+def _check_speed_row(row, methods):
+    for m in ("backbone", "retrofit", *methods):
+        assert row[f"decode_tok_s_{m}"] > 0
+    assert math.isfinite(row["router_overhead_no_skip"])
+    for m in methods:
+        ideal, layers_only = row[f"{m}_speedup_ideal"], row[f"{m}_speedup_ideal_layers_only"]
+        # The LM head and the side-channel are never skipped, so the whole-model ideal is the smaller one.
+        assert (ideal > 1) == (row[f"{m}_mean_skipped"] > 0) and 1 <= ideal <= layers_only
+        assert row[f"{m}_measured_over_ideal"] == pytest.approx(row[f"{m}_speedup_measured"] / ideal)
+
+
+def test_speed_benchmark_on_a_calibrated_run(calibrated_run, capsys):
+    """benchmarks/speed.py end to end on a tiny run: every method timed, static:k at ReSkip's mean skips."""
+    r = _speed_report(capsys, ["--adapter", str(calibrated_run), "--repeats", "1", "--decode-steps", "3",
+                               "--batches", "1,2", "--prompt-len", "4", "--prefill-len", "8"])
+    eligible = PolicyFile.load(calibrated_run / "policy.json").eligible()
+    for b in ("batch_1", "batch_2"):
+        row = r[b]
+        _check_speed_row(row, ("reskip", "static"))
+        k = min(max(1, round(row["reskip_mean_skipped"])), len(eligible))
+        assert row["static_mean_skipped"] == k  # the same blocks at every step
+    assert r["prefill_8"]["tok_s_backbone"] > 0 and math.isfinite(r["prefill_8"]["router_overhead_no_skip"])
+
+
+def test_speed_benchmark_on_a_random_config(tmp_path, capsys):
+    """The GPU check's path (--random-config), here on a tiny config.json on the CPU."""
+    config = save_tiny(tmp_path / "model", "qwen3") / "config.json"
+    argv = ["--random-config", str(config), "--repeats", "1", "--decode-steps", "2", "--batches", "1",
+            "--prompt-len", "4", "--prefill-len", "8"]
+    r = _speed_report(capsys, [*argv, "--static-k", "1"])  # 6 layers in blocks of 4: 2 blocks, block 2 skipped
+    _check_speed_row(r["batch_1"], ("static",))
+    assert r["batch_1"]["static_mean_skipped"] == 1
+    with pytest.raises(SystemExit, match="static-k must lie in 1..1"):
+        _speed_benchmark().main([*argv, "--static-k", "2"])
+
+
 def test_mmlu_loader_drops_headers_and_scores_on_the_bundled_model(smollm2):
     from reskip import RetrofitConfig, retrofit
     from reskip.multiple_choice import mc_accuracy, mmlu_questions
