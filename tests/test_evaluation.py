@@ -72,7 +72,6 @@ def test_eval_refuses_unknown_methods_and_benchmarks(calibrated_run, capsys):
     assert main(["eval", "--adapter", str(calibrated_run), "--chunk-size", "0"]) == 2
 
 
-@pytest.mark.real
 def _speed_benchmark():
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "speed.py"
     spec = importlib.util.spec_from_file_location("speed_benchmark", path)
@@ -124,6 +123,7 @@ def test_speed_benchmark_on_a_random_config(tmp_path, capsys):
         _speed_benchmark().main([*argv, "--static-k", "2"])
 
 
+@pytest.mark.real
 def test_mmlu_loader_drops_headers_and_scores_on_the_bundled_model(smollm2):
     from reskip import RetrofitConfig, retrofit
     from reskip.multiple_choice import mc_accuracy, mmlu_questions
