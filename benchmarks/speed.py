@@ -137,7 +137,8 @@ def main(argv=None):
     vocab = rm.base_model.config.vocab_size
     g = torch.Generator().manual_seed(0)
     report = {"model": label, "dtype": args.dtype, "device": args.device, "threads": torch.get_num_threads(),
-              "prompt_len": args.prompt_len, "decode_steps": args.decode_steps, "repeats": args.repeats}
+              "prompt_len": args.prompt_len, "decode_steps": args.decode_steps, "repeats": args.repeats,
+              "targets": {"router_overhead_no_skip_max": 0.03, "measured_over_ideal_min": 0.9}}
 
     for bsz in [int(b) for b in args.batches.split(",")]:
         ids = torch.randint(3, vocab, (bsz, args.prompt_len), generator=g).to(args.device)

@@ -108,6 +108,7 @@ def test_speed_benchmark_on_a_calibrated_run(calibrated_run, capsys):
         _check_speed_row(row, ("reskip", "static"))
         k = min(max(1, round(row["reskip_mean_skipped"])), len(eligible))
         assert row["static_mean_skipped"] == k  # the same blocks at every step
+    assert r["targets"] == {"router_overhead_no_skip_max": 0.03, "measured_over_ideal_min": 0.9}
     assert r["prefill_8"]["tok_s_backbone"] > 0 and math.isfinite(r["prefill_8"]["router_overhead_no_skip"])
 
 
