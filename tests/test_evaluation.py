@@ -90,7 +90,7 @@ def _speed_report(capsys, argv) -> dict:
 def _check_speed_row(row, methods):
     for m in ("backbone", "retrofit", *methods):
         assert row[f"decode_tok_s_{m}"] > 0
-    assert math.isfinite(row["router_overhead_no_skip"])
+    assert math.isfinite(row["router_overhead_no_skip"]) and math.isfinite(row["router_overhead_no_skip_step_interleaved"])
     for m in methods:
         ideal, layers_only = row[f"{m}_speedup_ideal"], row[f"{m}_speedup_ideal_layers_only"]
         # The LM head and the side-channel are never skipped, so the whole-model ideal is the smaller one.
@@ -122,6 +122,30 @@ def test_speed_benchmark_on_a_random_config(tmp_path, capsys):
     assert r["batch_1"]["static_mean_skipped"] == 1
     with pytest.raises(SystemExit, match="static-k must lie in 1..1"):
         _speed_benchmark().main([*argv, "--static-k", "2"])
+
+
+def test_step_interleaved_overhead_times_the_retrofit_against_the_bare_backbone(monkeypatch):
+    """A cost put into the retrofit's passes only (20 ms at block 1, far above a tiny model's step)
+    must show in the ratio; timing the same model twice would give about 0."""
+    import time
+
+    import torch
+
+    from conftest import tiny_model
+    from reskip import retrofit
+    from reskip.depth_pass import DepthPass
+
+    rm = retrofit(tiny_model("llama"))
+    enter = DepthPass.enter_block
+
+    def slow_enter(self, n, hidden):
+        if n == 1:
+            time.sleep(0.02)
+        return enter(self, n, hidden)
+
+    monkeypatch.setattr(DepthPass, "enter_block", slow_enter)
+    ids = torch.randint(3, 90, (1, 4))
+    assert _speed_benchmark().interleaved_overhead(rm, ids, window=4, steps=3, rounds=1) > 2
 
 
 @pytest.mark.real
