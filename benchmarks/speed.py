@@ -5,7 +5,9 @@ and 8 (greedy, KV cache, `--decode-steps` steps after a `--prompt-len` prefill) 
 tokens/s. For each skipping method it prints the measured speed-up over the retrofit
 without skipping, the ideal speed-up from the FLOPs it actually skipped (per token: layers,
 LM head and side-channel counted; a skipped layer still pays its k/v projections), and
-their ratio. One JSON line.
+their ratio. The router overhead (retrofit without skipping vs the bare backbone) is given as the
+median of per-repeat ratios, the ratio of medians, and the median of per-step ratios from steps
+that alternate between the two (the least drift). One JSON line, with the targets.
 
     python benchmarks/speed.py --adapter RUN [--policy reskip] [--repeats 5]
     python benchmarks/speed.py --random-config Qwen3-4B --dtype bfloat16 --device cuda  # GPU check
