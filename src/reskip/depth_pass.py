@@ -84,7 +84,7 @@ class DepthPass:
             self.inputs[n] = hidden
             return hidden
         self._grow_sources(n)
-        x, alpha = block_input(self.tensors[n], self.sources, hidden, self.side_channel.curriculum)
+        x, alpha = block_input(self.tensors[n], self.sources, hidden)
         if self.record_alphas:
             self.alphas[n] = alpha
         runtime = self.runtime

@@ -134,11 +134,11 @@ class BlockTensors(NamedTuple):
     norm_floor: torch.Tensor  # sqrt(d eps), () (see `source_norm`)
 
 
-def block_input(t: BlockTensors, sources: torch.Tensor, hidden: torch.Tensor, curriculum: float):
+def block_input(t: BlockTensors, sources: torch.Tensor, hidden: torch.Tensor):
     """Block n's input x_n = h_{n-1} + gamma_n A_n(r_n - h_{n-1}), and alpha.
 
     sources: h_0..h_{n-1} (B, T, n, d) float32; hidden: h_{n-1} (B, T, d) in the backbone
-    dtype. Returns (x_n like hidden, alpha (B, T, n)).
+    dtype. Returns (x_n like hidden, alpha (B, T, n)). c(t) is already folded into `t.gated_up_t`.
     At decode every op here is a fixed per-call cost, so the steps are fused where an op allows.
     """
     alpha = router_logits(t.query, t.bias_logits, sources, t.norm_floor).softmax(dim=-1)
@@ -188,7 +188,7 @@ class BlockSideChannel(nn.Module):
 
     def forward(self, sources: torch.Tensor, hidden: torch.Tensor, curriculum: float):
         """(x_n, alpha) for sources h_0..h_{n-1} (B, T, n, d) and h_{n-1} (B, T, d): see `block_input`."""
-        return block_input(self.tensors(curriculum), sources, hidden, curriculum)
+        return block_input(self.tensors(curriculum), sources, hidden)
 
 
 class SideChannel(nn.Module):
