@@ -32,46 +32,49 @@ from reskip.flops import LayerFlops, side_channel_flops
 from reskip.skipping import NoSkip, StaticSkip
 
 
+@contextlib.contextmanager
+def running(rm, policy, window, backbone=False):
+    """Yields (model to call, skip runtime): the bare backbone (wrappers removed, no runtime) or the
+    retrofit under `policy`."""
+    if backbone:
+        with rm.backbone_only() as base:
+            yield base, None
+    else:
+        with rm.skipping(policy, window) as runtime:
+            yield rm, runtime
+
+
+CACHE_KW = cache_kwarg()  # looked up once: it reads a signature, too slow for a timed step
+
+
+def next_token(call, ids, cache):
+    """One greedy step on a KV cache: the next token (B, 1)."""
+    return call(input_ids=ids, use_cache=True, **{CACHE_KW: cache}).logits[:, -1:].argmax(-1)
+
+
 def decode_run(rm, ids, policy, window, steps, backbone=False):
     """Seconds for `steps` decode steps after an untimed prefill; blocks skipped per step."""
-    kw = cache_kwarg()
-
-    def loop(model_call):
+    with torch.no_grad(), running(rm, policy, window, backbone) as (call, runtime):
         cache = DynamicCache()
-        out = model_call(input_ids=ids, use_cache=True, **{kw: cache})
-        tok = out.logits[:, -1:].argmax(-1)
+        tok = next_token(call, ids, cache)
         t = time.perf_counter()
         for _ in range(steps):
-            out = model_call(input_ids=tok, use_cache=True, **{kw: cache})
-            tok = out.logits[:, -1:].argmax(-1)
+            tok = next_token(call, tok, cache)
         if ids.is_cuda:
             torch.cuda.synchronize()
-        return time.perf_counter() - t
-
-    with torch.no_grad():
-        if backbone:
-            with rm.backbone_only() as base:
-                return loop(base), 0.0
-        with rm.skipping(policy, window) as runtime:
-            dt = loop(rm)
-            skipped = [len(t.skipped) for t in runtime.trace[1:]]
-        return dt, sum(skipped) / max(1, len(skipped))
+        dt = time.perf_counter() - t
+        skipped = [] if runtime is None else [len(s.skipped) for s in runtime.trace[1:]]
+    return dt, sum(skipped) / max(1, len(skipped))
 
 
 def prefill_run(rm, ids, policy, window, backbone=False):
-    with torch.no_grad():
-        t = time.perf_counter()
-        if backbone:
-            with rm.backbone_only() as base:
-                base(input_ids=ids, use_cache=False)
-            skipped = 0.0
-        else:
-            with rm.skipping(policy, window) as runtime:
-                rm(input_ids=ids, use_cache=False)
-                skipped = float(len(runtime.trace[0].skipped))
-        if ids.is_cuda:
-            torch.cuda.synchronize()
-        return time.perf_counter() - t, skipped
+    t = time.perf_counter()  # switching models is timed here, as it always was (small beside a prefill)
+    with torch.no_grad(), running(rm, policy, window, backbone) as (call, runtime):
+        call(input_ids=ids, use_cache=False)
+    if ids.is_cuda:
+        torch.cuda.synchronize()
+    dt = time.perf_counter() - t
+    return dt, 0.0 if runtime is None else float(len(runtime.trace[0].skipped))
 
 
 def paired_overhead(times: list[float], baseline: list[float]) -> float:
@@ -85,24 +88,13 @@ def interleaved_overhead(rm, ids, window, steps, rounds) -> float:
     without skipping, each on its own KV cache: median over steps of the retrofit's step time over
     the backbone step beside it, minus 1. Pairing single steps (tens of ms apart) instead of whole
     repeats (seconds apart) leaves less of a shared machine's drift in each ratio."""
-    kw = cache_kwarg()
     sync = torch.cuda.synchronize if ids.is_cuda else (lambda: None)
 
-    @contextlib.contextmanager
-    def model(kind):
-        if kind == "backbone":
-            with rm.backbone_only() as base:
-                yield base
-        else:
-            with rm.skipping(NoSkip(), window):
-                yield rm
-
     def step(kind, state) -> float:
-        with model(kind) as call:  # switching models is not timed
+        with running(rm, NoSkip(), window, backbone=kind == "backbone") as (call, _):  # switching is not timed
             sync()
             t = time.perf_counter()
-            out = call(input_ids=state["tok"], use_cache=True, **{kw: state["cache"]})
-            state["tok"] = out.logits[:, -1:].argmax(-1)
+            state["tok"] = next_token(call, state["tok"], state["cache"])
             sync()
             return time.perf_counter() - t
 
@@ -112,9 +104,8 @@ def interleaved_overhead(rm, ids, window, steps, rounds) -> float:
             states = {}
             for kind in ("backbone", "retrofit"):
                 cache = DynamicCache()
-                with model(kind) as call:
-                    out = call(input_ids=ids, use_cache=True, **{kw: cache})
-                states[kind] = {"cache": cache, "tok": out.logits[:, -1:].argmax(-1)}
+                with running(rm, NoSkip(), window, backbone=kind == "backbone") as (call, _):
+                    states[kind] = {"cache": cache, "tok": next_token(call, ids, cache)}
             for s in range(steps):
                 order = ("backbone", "retrofit") if s % 2 == 0 else ("retrofit", "backbone")
                 dt = {kind: step(kind, states[kind]) for kind in order}
