@@ -7,7 +7,7 @@ import torch
 
 from conftest import batch, tiny_model
 from reskip import RetrofitConfig, alpha_entropy, retrofit
-from reskip.side_channel import SideChannel, _norm_floor, count_side_channel_params, source_norm
+from reskip.side_channel import SideChannel, count_side_channel_params, router_logits
 
 
 def test_param_count_matches_closed_form():
@@ -234,16 +234,23 @@ def test_ce_sum_is_shifted_next_token_loss():
     torch.testing.assert_close(ce_sum(logits, labels), ref)
 
 
-def test_source_norm_is_sqrt_d_times_rms_and_trains_after_inference_mode():
-    h = torch.randn(3, 4, 16, dtype=torch.float64).float()
-    ref = torch.sqrt(16 * (h.double().pow(2).mean(-1) + 1e-6)).float()
-    _norm_floor.cache_clear()
-    with torch.inference_mode():  # the cached floor constant is first made here
-        torch.testing.assert_close(source_norm(h), ref)
+def test_router_logits_are_rmsnorm_dot_products_and_train_after_inference_mode():
+    """w . (h / RMS(h) + b) / sqrt(d) in float64 against the (1, d) / (n, 1) form the router uses."""
+    torch.manual_seed(0)
+    d, n = 16, 3
+    h = torch.randn(3, 4, n, d) * torch.tensor([0.01, 1.0, 30.0])[:, None]  # tiny norms: the eps matters
+    w, b = torch.randn(d), torch.randn(n, d)
+    k = h.double() / torch.sqrt(h.double().pow(2).mean(-1, keepdim=True) + 1e-6) + b.double()
+    ref = (k @ w.double()) / math.sqrt(d)
+    got = router_logits((w / math.sqrt(d)).unsqueeze(0), (b @ w).unsqueeze(-1) / math.sqrt(d), h)
+    assert got.shape == (3, 4, n, 1)
+    torch.testing.assert_close(got.squeeze(-1).double(), ref, rtol=1e-5, atol=1e-5)
     side = SideChannel(16, 3, RetrofitConfig(rank=4))
     sources = torch.randn(2, 5, 3, 16)
+    with torch.inference_mode():  # a pass in inference mode first; nothing it leaves behind may block training
+        side.block(3)(sources, sources[..., -1, :], 1.0)
     x, alpha = side.block(3)(sources, sources[..., -1, :], 1.0)
-    (x.sum() + alpha.pow(2).sum()).backward()  # fails if the floor were an inference tensor
+    (x.sum() + alpha.pow(2).sum()).backward()
     assert side.block(3).router.query.grad is not None
 
 

@@ -12,7 +12,6 @@ All side-channel parameters are kept in float32 whatever the backbone dtype.
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Callable, NamedTuple
 
@@ -24,25 +23,6 @@ from .config import RetrofitConfig
 
 _ACT = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
 RMS_EPS = 1e-6
-
-
-@functools.lru_cache(maxsize=None)
-def _norm_floor(hidden_size: int, device: torch.device) -> torch.Tensor:
-    # Kept across calls, so never an inference tensor (autograd may not save those for backward).
-    with torch.inference_mode(False):
-        return torch.tensor(math.sqrt(hidden_size * RMS_EPS), device=device)
-
-
-def source_norm(h: torch.Tensor, floor: torch.Tensor | None = None) -> torch.Tensor:
-    """sqrt(d) RMS(h) over the last dim of a float32 h: (..., d) -> (...).
-
-    RMSNorm has no learned weight here, so w . RMSNorm(h) / sqrt(d) = (w . h) / source_norm(h),
-    with RMS(h) = sqrt(mean(h^2) + eps), i.e. sqrt(d) RMS(h) = sqrt(|h|^2 + d eps) = hypot(|h|, floor),
-    floor = sqrt(d eps): two ops (the norm and hypot), not four.
-    """
-    if floor is None:
-        floor = _norm_floor(h.shape[-1], h.device)
-    return torch.hypot(torch.linalg.vector_norm(h, dim=-1), floor)
 
 
 class DerivedCache:
@@ -69,14 +49,17 @@ class DerivedCache:
         return self.value
 
 
-def router_logits(query: torch.Tensor, bias_logits: torch.Tensor, sources: torch.Tensor,
-                  floor: torch.Tensor | None = None) -> torch.Tensor:
-    """sources: h_i stacked, (B, T, n_sources, d) float32 -> logits (B, T, n_sources).
+def router_logits(query_scaled: torch.Tensor, bias_col: torch.Tensor, sources: torch.Tensor) -> torch.Tensor:
+    """sources: h_i stacked, (B, T, n, d) float32 -> logits (B, T, n, 1).
 
-    w . (RMSNorm(h_i) + b_i) / sqrt(d) = (w . h_i) / source_norm(h_i) + w . b_i / sqrt(d), so
-    the normalised copies of the sources are never built.
+    w . (RMSNorm(h_i) + b_i) / sqrt(d) = (w / sqrt(d)) . h_i * rsqrt(mean(h_i^2) + eps) + w . b_i / sqrt(d),
+    so the normalised copies of the sources are never built. query_scaled: w / sqrt(d) as (1, d);
+    bias_col: w . b_i / sqrt(d) as (n, 1). The ops are those of the backbone's own RMSNorm and
+    linear layers: at decode their code is still warm from the layer that just ran, which makes
+    them several microseconds cheaper each than a norm or mv kernel run once per block.
     """
-    return torch.addcdiv(bias_logits, sources @ query, source_norm(sources, floor))
+    inv_rms = torch.rsqrt(sources.pow(2).mean(-1, keepdim=True) + RMS_EPS)  # (B, T, n, 1)
+    return F.linear(sources, query_scaled) * inv_rms + bias_col
 
 
 class DepthRouter(nn.Module):
@@ -93,12 +76,17 @@ class DepthRouter(nn.Module):
         self.query = nn.Parameter(w)  # w_n: (d,)
         self.source_bias = nn.Parameter(b)  # b_i: (n_sources, d)
 
-    def bias_logits(self) -> torch.Tensor:
-        """w . b_i / sqrt(d) for every source: (n_sources,); it does not depend on the input."""
-        return (self.source_bias @ self.query) * (1.0 / math.sqrt(self.hidden_size))
+    def query_scaled(self) -> torch.Tensor:
+        """w / sqrt(d) as a (1, d) weight for `F.linear`."""
+        return (self.query * (1.0 / math.sqrt(self.hidden_size))).unsqueeze(0)
+
+    def bias_col(self) -> torch.Tensor:
+        """w . b_i / sqrt(d) for every source, (n_sources, 1); it does not depend on the input."""
+        return (self.source_bias @ self.query).unsqueeze(-1) * (1.0 / math.sqrt(self.hidden_size))
 
     def logits(self, sources: torch.Tensor) -> torch.Tensor:
-        return router_logits(self.query, self.bias_logits(), sources)
+        """(B, T, n, d) -> (B, T, n)."""
+        return router_logits(self.query_scaled(), self.bias_col(), sources).squeeze(-1)
 
     def forward(self, sources: torch.Tensor) -> torch.Tensor:
         return self.logits(sources).softmax(dim=-1)
@@ -126,33 +114,30 @@ class BlockTensors(NamedTuple):
     At decode each attribute read through nn.Module costs a visible share of the block's
     budget, so a pass reads them all up front (`SideChannel.pass_tensors`)."""
 
-    query: torch.Tensor  # w_n (d,)
-    bias_logits: torch.Tensor  # w_n . b_i / sqrt(d), (n,)
+    query_scaled: torch.Tensor  # w_n / sqrt(d), (1, d)
+    bias_col: torch.Tensor  # w_n . b_i / sqrt(d), (n, 1)
     down: torch.Tensor  # W_down (r, d)
-    gated_up_t: torch.Tensor  # (gamma_n W_up)^T, (r, d): the gate folded into the up-projection
+    gated_up: torch.Tensor  # gamma_n W_up, (d, r): the gate folded into the up-projection
     act: Callable[[torch.Tensor], torch.Tensor]
-    norm_floor: torch.Tensor  # sqrt(d eps), () (see `source_norm`)
 
 
 def block_input(t: BlockTensors, sources: torch.Tensor, hidden: torch.Tensor):
     """Block n's input x_n = h_{n-1} + gamma_n A_n(r_n - h_{n-1}), and alpha.
 
     sources: h_0..h_{n-1} (B, T, n, d) float32; hidden: h_{n-1} (B, T, d) in the backbone
-    dtype. Returns (x_n like hidden, alpha (B, T, n)). c(t) is already folded into `t.gated_up_t`.
-    At decode every op here is a fixed per-call cost, so the steps are fused where an op allows.
+    dtype. Returns (x_n like hidden, alpha (B, T, n)). c(t) is already folded into `t.gated_up`.
+    At decode every op here is a fixed per-call cost, paid mostly in re-fetching its code after
+    the layers in between; so it uses the backbone's own kinds of op (pointwise, mean, softmax,
+    linear), whose code those layers keep warm (`benchmarks/speed.py` measures the result).
     """
-    alpha = router_logits(t.query, t.bias_logits, sources, t.norm_floor).softmax(dim=-1)
-    n, d = sources.shape[-2:]
-    # h_{n-1} in float32, rows flattened: (BT, d). In float32 `hidden` is the very tensor stacked
-    # last in `sources`; otherwise that stacked entry is its exact float32 copy (no new cast).
-    h = (hidden if hidden.dtype == torch.float32 else sources[..., -1, :]).reshape(-1, d)
-    # r_n - h_{n-1} = sum_i alpha_i h_i - h_{n-1}, as one batched product:
-    # (BT, 1, n) @ (BT, n, d) - (BT, 1, d)
-    u = torch.baddbmm(h.unsqueeze(1), alpha.reshape(-1, 1, n), sources.reshape(-1, n, d), beta=-1).view(-1, d)
-    z = t.act(F.linear(u, t.down))  # sigma(W_down u), (BT, r)
-    if hidden.dtype == torch.float32:  # x_n = h_{n-1} + z (gamma W_up)^T in one product
-        return torch.addmm(h, z, t.gated_up_t).view_as(hidden), alpha
-    return hidden + (z @ t.gated_up_t).view_as(hidden).to(hidden.dtype), alpha
+    alpha = router_logits(t.query_scaled, t.bias_col, sources).softmax(dim=-2)  # (B, T, n, 1)
+    # h_{n-1} in float32: in float32 `hidden` is the very tensor stacked last in `sources`;
+    # otherwise that stacked entry is its exact float32 copy (no new cast).
+    h = hidden if hidden.dtype == torch.float32 else sources[..., -1, :]
+    u = (alpha * sources).sum(dim=-2) - h  # r_n - h_{n-1}, (B, T, d)
+    delta = F.linear(t.act(F.linear(u, t.down)), t.gated_up)  # gamma W_up sigma(W_down u), (B, T, d)
+    x = hidden + (delta if hidden.dtype == torch.float32 else delta.to(hidden.dtype))
+    return x, alpha.squeeze(-1)
 
 
 class BlockSideChannel(nn.Module):
@@ -182,9 +167,7 @@ class BlockSideChannel(nn.Module):
 
     def _compute_tensors(self, curriculum: float) -> BlockTensors:
         r, a = self.router, self.adapter
-        q, up = r.query, a.up.weight
-        floor = _norm_floor(r.hidden_size, q.device)
-        return BlockTensors(q, r.bias_logits(), a.down.weight, (up * (curriculum * self.gate)).t(), a.act, floor)
+        return BlockTensors(r.query_scaled(), r.bias_col(), a.down.weight, a.up.weight * (curriculum * self.gate), a.act)
 
     def forward(self, sources: torch.Tensor, hidden: torch.Tensor, curriculum: float):
         """(x_n, alpha) for sources h_0..h_{n-1} (B, T, n, d) and h_{n-1} (B, T, d): see `block_input`."""
