@@ -244,7 +244,7 @@ def test_router_logits_are_rmsnorm_dot_products_and_train_after_inference_mode()
     ref = (k @ w.double()) / math.sqrt(d)
     got = router_logits((w / math.sqrt(d)).unsqueeze(0), (b @ w).unsqueeze(-1) / math.sqrt(d), h)
     assert got.shape == (3, 4, n, 1)
-    torch.testing.assert_close(got.squeeze(-1).double(), ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got.squeeze(-1), ref.float())  # float32 tolerances
     side = SideChannel(16, 3, RetrofitConfig(rank=4))
     sources = torch.randn(2, 5, 3, 16)
     with torch.inference_mode():  # a pass in inference mode first; nothing it leaves behind may block training

@@ -160,8 +160,8 @@ class BlockSideChannel(nn.Module):
                 self._parameters["gate"])
 
     def tensors(self, curriculum: float) -> BlockTensors:
-        """This block's tensors at c(t) = curriculum; the derived ones (the router's bias term and the
-        gated up-projection) are computed once and kept while autograd is off."""
+        """This block's tensors at c(t) = curriculum; the derived ones (the router's scaled query and bias
+        term, and the gated up-projection) are computed once and kept while autograd is off."""
         params = self.parameter_tensors()
         return self._tensors.get(params, curriculum, lambda: self._compute_tensors(curriculum))
 
