@@ -27,9 +27,14 @@ import torch
 from transformers import DynamicCache
 
 from reskip import RetrofitConfig, retrofit
+from reskip.backbones.accounting import architecture_config
 from reskip.compat import cache_kwarg
-from reskip.flops import LayerFlops, side_channel_flops
-from reskip.skipping import NoSkip, StaticSkip
+from reskip.errors import ReskipError
+from reskip.evaluate.flops import LayerFlops, side_channel_flops
+from reskip.skip.policies import NoSkip, StaticSkip
+from reskip.skip.session import open_run
+from reskip.skip.spec import GRAMMAR, parse_spec
+from transformers import AutoModelForCausalLM
 
 
 @contextlib.contextmanager
@@ -125,11 +130,17 @@ def ideal_speedup(rm, skipped_blocks_mean: float) -> dict:
     return {"ideal_speedup": total / (total - saved), "ideal_speedup_layers_only": layers / (layers - saved)}
 
 
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2, as every reskip command
+        self.exit(2, f"{self.prog}: error: {message} (see: {self.prog} --help)\n")
+
+
 def main(argv=None):
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--adapter", help="run folder with adapter/ and policy.json")
-    ap.add_argument("--random-config", help="instead: a shipped architecture with random weights (e.g. Qwen3-4B)")
-    ap.add_argument("--policy", default="reskip")
+    ap = Parser(prog="speed.py")
+    source = ap.add_mutually_exclusive_group(required=True)
+    source.add_argument("--adapter", help="run folder with adapter/ and policy.json")
+    source.add_argument("--random-config", help="instead: a shipped architecture with random weights (e.g. Qwen3-4B)")
+    ap.add_argument("--policy", default="reskip", help=GRAMMAR)
     ap.add_argument("--static-k", type=int, default=None, help="default: ReSkip's mean skipped blocks, rounded")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--device", default="cpu")
@@ -139,12 +150,15 @@ def main(argv=None):
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args(argv)
+    try:
+        run(args)
+    except ReskipError as e:
+        ap.exit(2, f"{ap.prog}: error: {e}\n")
+
+
+def run(args):
     dtype = getattr(torch, args.dtype)
-
     if args.random_config:
-        from reskip.accounting import architecture_config
-        from transformers import AutoModelForCausalLM
-
         cfg = architecture_config(args.random_config)
         torch.manual_seed(0)
         base = AutoModelForCausalLM.from_config(cfg, dtype=dtype).to(args.device).eval()
@@ -158,17 +172,10 @@ def main(argv=None):
         label = f"random {args.random_config}"
         policies = {"static": skip_policy}
     else:
-        from reskip.policy_file import PolicyFile
-        from reskip.run_folder import load_retrofitted, resolve_adapter
-
-        source = resolve_adapter(args.adapter)
-        rm, _ = load_retrofitted(source, dtype=dtype)
-        rm.to(args.device)
-        pf = PolicyFile.load(source.policy_path)
-        pf.check_model(rm)
-        window = pf.data["window"]
-        policies = {"reskip": pf.make(args.policy)}
-        label = str(source.run_dir or source.adapter_dir)
+        opened = open_run(args.adapter, [parse_spec(args.policy, allow_path=True)], dtype=dtype, require_policy=True)
+        rm, pf, window = opened.model.to(args.device), opened.policy_file, opened.window
+        policies = {"reskip": opened.policy()}
+        label = str(opened.source.folder)
     vocab = rm.base_model.config.vocab_size
     g = torch.Generator().manual_seed(0)
     report = {"model": label, "dtype": args.dtype, "device": args.device, "threads": torch.get_num_threads(),

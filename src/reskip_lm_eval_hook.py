@@ -19,7 +19,7 @@ from importlib.abc import Loader, MetaPathFinder
 
 REGISTRY_MODULE = "lm_eval.api.registry"
 MODEL_NAME = "reskip"
-MODEL_TARGET = "reskip.lm_eval_model:ReskipLM"
+MODEL_TARGET = "reskip.evaluate.lm_eval_model:ReskipLM"
 
 
 def register() -> None:

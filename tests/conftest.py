@@ -81,7 +81,7 @@ def has_package(name: str) -> bool:
 @pytest.fixture(scope="session")
 def smollm2():
     """The real bundled backbone (fp32), loaded once per session."""
-    from reskip.backbones import load_backbone
+    from reskip.backbones.loading import load_backbone
 
     return load_backbone(None, torch.float32)
 

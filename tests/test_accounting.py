@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from reskip.accounting import architecture_config, count_params, shipped_architectures
+from reskip.backbones.accounting import architecture_config, count_params, shipped_architectures
 from reskip.cli import main
-from reskip.config import RetrofitConfig
-from reskip.side_channel import count_side_channel_params
+from reskip.ar_retrofit.config import RetrofitConfig
+from reskip.ar_retrofit.side_channel import count_side_channel_params
 
 SHIPPED = ["Qwen3-0.6B", "Qwen3-1.7B", "Qwen3-4B", "Qwen3-8B", "Llama-3.2-1B", "Llama-3.2-3B",
            "Llama-3.1-8B", "SmolLM2-135M", "SmolLM2-360M", "SmolLM2-1.7B"]

@@ -8,7 +8,7 @@ import torch
 
 from conftest import batch, tiny_model
 from reskip import AdapterError, RetrofitConfig, load_adapter, retrofit
-from reskip.adapter_io import CONFIG_NAME, WEIGHTS_NAME, fingerprint
+from reskip.ar_retrofit.adapter_io import CONFIG_NAME, WEIGHTS_NAME, fingerprint
 
 
 def trained_adapter(tmp_path, family="llama"):
@@ -104,7 +104,7 @@ def test_missing_folder_gives_clear_error(tmp_path):
 def test_failed_save_leaves_previous_files_intact(tmp_path, monkeypatch):
     path, _ = trained_adapter(tmp_path)
     before = (path / WEIGHTS_NAME).read_bytes()
-    import reskip.adapter_io as io
+    import reskip.ar_retrofit.adapter_io as io
 
     def boom(*a, **k):
         raise RuntimeError("disk full")

@@ -1,7 +1,7 @@
 import pytest
 
-from reskip.blocks import partition_layers
-from reskip.config import RetrofitConfig
+from reskip.ar_retrofit.blocks import partition_layers
+from reskip.ar_retrofit.config import RetrofitConfig
 
 
 def sizes(blocks):

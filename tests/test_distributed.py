@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import save_tiny, write_corpus
-from reskip.adapter_io import WEIGHTS_NAME
+from reskip.ar_retrofit.adapter_io import WEIGHTS_NAME
 from reskip.cli import main
 
 

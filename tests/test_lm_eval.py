@@ -56,7 +56,7 @@ def test_reskip_lm_in_process_skips_blocks(adapter_with_policy):
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    from reskip.lm_eval_model import ReskipLM
+    from reskip.evaluate.lm_eval_model import ReskipLM
 
     tmp = adapter_with_policy
     lm = ReskipLM(adapter=str(tmp / "adapter"), policy="reskip", batch_size=1)
@@ -88,4 +88,4 @@ def test_lm_eval_command_knows_reskip(adapter_with_policy):
 
 def test_reskip_lm_eval_command(adapter_with_policy):
     """`reskip-lm-eval`: the same, for editable installs (which skip .pth files)."""
-    _harness_cli([sys.executable, "-m", "reskip.lm_eval_model"], adapter_with_policy, "reskip")
+    _harness_cli([sys.executable, "-m", "reskip.evaluate.lm_eval_model"], adapter_with_policy, "reskip")

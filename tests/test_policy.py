@@ -7,10 +7,11 @@ import torch
 
 from conftest import save_tiny, tiny_model, write_corpus
 from reskip import RetrofitConfig, retrofit
-from reskip.calibration import calibrate, sliding_mean
+from reskip.skip.calibration import calibrate, sliding_mean
 from reskip.cli import main
-from reskip.policy_file import PolicyError, PolicyFile, make_policy
-from reskip.skipping import NoSkip, RandomSkip, ReSkip, StaticSkip
+from reskip.skip.policy_file import PolicyError, PolicyFile, make_policy
+from reskip.skip.policies import NoSkip, RandomSkip, ReSkip, StaticSkip
+from reskip.skip.spec import parse_spec
 
 
 def test_sliding_mean_is_the_causal_window_mean():
@@ -58,19 +59,19 @@ def test_calibration_measures_every_block(tiny_policy):
 
 def test_policies_from_specs(tiny_policy):
     rm, pf, _ = tiny_policy
-    assert isinstance(make_policy("none", None), NoSkip)
-    assert isinstance(pf.make("reskip"), ReSkip) and pf.make("reskip").max_skips == 1
-    lo, hi = pf.make("reskip:0.1"), pf.make("reskip:0.9")
+    assert isinstance(make_policy(parse_spec("none"), None), NoSkip)
+    assert isinstance(pf.make(parse_spec("reskip")), ReSkip) and pf.make(parse_spec("reskip")).max_skips == 1
+    lo, hi = pf.make(parse_spec("reskip:0.1")), pf.make(parse_spec("reskip:0.9"))
     assert all(lo.tau[n] <= hi.tau[n] for n in lo.tau)
-    static = pf.make("static:1")
+    static = pf.make(parse_spec("static:1"))
     assert isinstance(static, StaticSkip) and static.blocks == {min((b for b in pf.data["blocks"] if b["eligible"]), key=lambda b: b["A"])["block"]}
-    assert pf.make("influence:1").blocks == {max(pf.data["blocks"], key=lambda b: b["cos_in_out"])["block"]}
-    assert isinstance(pf.make("random:0.3"), RandomSkip)
+    assert pf.make(parse_spec("influence:1")).blocks == {max(pf.data["blocks"], key=lambda b: b["cos_in_out"])["block"]}
+    assert isinstance(pf.make(parse_spec("random:0.3")), RandomSkip)
     for bad in ("sometimes", "static:x", "random:2", "static:9", "influence:9"):
         with pytest.raises(PolicyError):
-            pf.make(bad)
+            pf.make(parse_spec(bad))
     with pytest.raises(PolicyError, match="needs a calibrated"):
-        make_policy("static:1", None)
+        make_policy(parse_spec("static:1"), None)
 
 
 @pytest.mark.parametrize(

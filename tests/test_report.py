@@ -10,7 +10,7 @@ import pytest
 
 from conftest import save_tiny, write_corpus
 from reskip.cli import main
-from reskip.report import build_report
+from reskip.report.html import build_report
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / ".pytest_artifacts"
 

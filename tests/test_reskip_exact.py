@@ -6,9 +6,10 @@ from transformers import DynamicCache
 
 from conftest import VOCAB, batch, tiny_model
 from reskip import RetrofitConfig, retrofit
-from reskip.compat import append_kv, cache_kwarg
-from reskip.scoring import generate, reference_logits, score
-from reskip.skipping import NoSkip, RandomSkip, ReSkip, SkipPolicy, StaticSkip
+from reskip.compat import cache_kwarg
+from reskip.ar_retrofit.kv_cache import append_kv, reference_logits
+from reskip.skip.scoring import generate, score
+from reskip.skip.policies import NoSkip, RandomSkip, ReSkip, SkipPolicy, StaticSkip
 
 EXACT_FAMILIES = ["llama", "qwen3", "gemma3", "qwen2", "mistral"]
 

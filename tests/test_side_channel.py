@@ -7,7 +7,7 @@ import torch
 
 from conftest import batch, tiny_model
 from reskip import RetrofitConfig, alpha_entropy, retrofit
-from reskip.side_channel import SideChannel, count_side_channel_params, router_logits
+from reskip.ar_retrofit.side_channel import SideChannel, count_side_channel_params, router_logits
 
 
 def test_param_count_matches_closed_form():

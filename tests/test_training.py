@@ -8,11 +8,12 @@ import torch
 
 from conftest import batch, save_tiny, tiny_model, write_corpus
 from reskip import ReskipError, RetrofitConfig, retrofit
-from reskip.adapter_io import WEIGHTS_NAME, load_adapter
-from reskip.checkpoint import latest_checkpoint
-from reskip.schedules import curriculum, drawn_block, learning_rate
-from reskip.train_config import TrainConfig
-from reskip.training import TrainingDiverged, train
+from reskip.ar_retrofit.adapter_io import WEIGHTS_NAME
+from reskip.ar_retrofit.model import load_adapter
+from reskip.train.checkpoint import latest_checkpoint
+from reskip.train.schedules import curriculum, drawn_block, learning_rate
+from reskip.train.config import TrainConfig
+from reskip.train.loop import TrainingDiverged, train
 
 
 def test_curriculum_holds_ramps_and_stays_open():
@@ -111,7 +112,7 @@ def test_training_writes_run_files_and_changes_only_the_side_channel(tiny_run, t
     splits = json.loads((out / "splits.json").read_text())["splits"]
     assert sum(s["documents"] for s in splits.values()) > 100
     # The saved backbone on disk is untouched, and the adapter loads onto it.
-    from reskip.backbones import load_backbone
+    from reskip.backbones.loading import load_backbone
 
     base, _ = load_backbone(tiny_run().model)
     load_adapter(base, out / "adapter")
@@ -163,7 +164,7 @@ def test_nan_loss_stops_with_a_clear_message_and_keeps_the_last_checkpoint(tiny_
     ],
 )
 def test_bad_values_are_refused_before_the_model_loads(tiny_run, tmp_path, monkeypatch, change, message):
-    import reskip.training as training
+    import reskip.train.loop as training
 
     def no_load(*a, **k):
         raise AssertionError("the model was loaded before the config was checked")

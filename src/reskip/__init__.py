@@ -1,15 +1,43 @@
-"""reskip: AR-Retrofit (attention residuals on a frozen LLM) and ReSkip (block skipping)."""
+"""reskip: AR-Retrofit (attention residuals on a frozen LLM) and ReSkip (block skipping).
 
-__version__ = "0.1.0"
+The public names below are loaded on first use (PEP 562), not at import: `import reskip`,
+`reskip --help` and `reskip report` then import no torch, and importing the package changes
+nothing in the user's process.
+"""
 
-from .config import RetrofitConfig  # noqa: E402
-from .errors import AdapterError, ModelNotFoundError, ReskipError, UnsupportedModelError  # noqa: E402
-from .model import ReskipModel, ReskipOutput, alpha_entropy, retrofit  # noqa: E402
-from .adapter_io import load_adapter, save_adapter  # noqa: E402
-from .backbones import load_backbone  # noqa: E402
+from __future__ import annotations
 
-__all__ = [
-    "RetrofitConfig", "ReskipModel", "ReskipOutput", "retrofit", "alpha_entropy",
-    "save_adapter", "load_adapter", "load_backbone",
-    "ReskipError", "AdapterError", "ModelNotFoundError", "UnsupportedModelError",
-]
+import importlib
+
+from .version import __version__
+
+# public name -> module that defines it
+_EXPORTS = {
+    "RetrofitConfig": "reskip.ar_retrofit.config",
+    "ReskipModel": "reskip.ar_retrofit.model",
+    "ReskipOutput": "reskip.ar_retrofit.model",
+    "retrofit": "reskip.ar_retrofit.model",
+    "alpha_entropy": "reskip.ar_retrofit.model",
+    "load_adapter": "reskip.ar_retrofit.model",
+    "save_adapter": "reskip.ar_retrofit.adapter_io",
+    "load_backbone": "reskip.backbones.loading",
+    "ReskipError": "reskip.errors",
+    "AdapterError": "reskip.errors",
+    "ModelNotFoundError": "reskip.errors",
+    "UnsupportedModelError": "reskip.errors",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'reskip' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))

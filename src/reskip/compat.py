@@ -2,15 +2,21 @@
 
 The retrofit never re-implements a family's forward loop (masks, rotary, sliding
 windows and cache code differ per family); it only swaps the modules inside
-`model.model.layers` for wrappers, so this module answers three questions:
-where the decoder layers are, which families are supported, and what a layer returns.
+`model.model.layers` for wrappers, so this module answers these questions:
+where the decoder layers are, which families are supported, what a layer returns and is
+handed (its cache argument), and where a family keeps its rotary function. The exact KV cache of
+skipped layers, which uses these answers, lives in `reskip.ar_retrofit.kv_cache`.
 """
 
 from __future__ import annotations
 
+import inspect
+import sys
+
 import torch
 import transformers
 from torch import nn
+from transformers import LlamaModel  # the reference family for signature checks: present in every release
 
 from .errors import UnsupportedModelError
 
@@ -71,39 +77,11 @@ def layer_cache(kwargs: dict):
     return kwargs.get("cache", kwargs.get("past_key_values"))
 
 
-_NAMED = ("cache", "past_key_values", "position_embeddings", "attention_mask", "hidden_states")
-
-
-def append_kv(layer: nn.Module, hidden: torch.Tensor, kwargs: dict) -> None:
-    """For a layer acting as identity: append the K/V its attention would have cached for these positions.
-
-    Later tokens still attend to these positions in this layer, so the cache must hold
-    K/V computed from the layer's (unchanged) input, exactly as the family's attention
-    computes them: input norm, k/v projections, the family's k-norm (Qwen3, Gemma-3) and
-    its own rotary function. Costs the k/v projections only (no query, attention, output
-    projection or MLP). Tests compare the result with the family's own attention.
-    """
-    import sys
-
-    attn = layer.self_attn
-    x = layer.input_layernorm(hidden)
-    shape = (*x.shape[:-1], -1, attn.head_dim)
-    k = attn.k_proj(x).view(shape)
-    if hasattr(attn, "k_norm"):
-        k = attn.k_norm(k)
-    k = k.transpose(1, 2)  # (B, kv_heads, T, head_dim)
-    v = attn.v_proj(x).view(shape).transpose(1, 2)
-    cos, sin = kwargs["position_embeddings"]
-    rotary = sys.modules[type(attn).__module__].apply_rotary_pos_emb
-    _, k = rotary(k[:, :1], k, cos, sin)  # the family's rotary; the query slot gets a 1-head dummy
-    rest = {key: val for key, val in kwargs.items() if key not in _NAMED}
-    layer_cache(kwargs).update(k, v, attn.layer_idx, kwargs=rest)
+def rotary_function(attn: nn.Module):
+    """The family's own `apply_rotary_pos_emb`, looked up in the module that defines its attention."""
+    return sys.modules[type(attn).__module__].apply_rotary_pos_emb
 
 
 def cache_kwarg() -> str:
     """Name of the KV-cache argument of a model's forward (`cache` from transformers 5.2x on)."""
-    import inspect
-
-    from transformers import LlamaModel
-
     return "cache" if "cache" in inspect.signature(LlamaModel.forward).parameters else "past_key_values"

@@ -15,3 +15,7 @@ class ModelNotFoundError(ReskipError):
 
 class AdapterError(ReskipError):
     """An adapter folder that is missing, corrupt, or belongs to another backbone."""
+
+
+class RetrofitConfigError(ReskipError, ValueError):
+    """A retrofit configuration that cannot be built (a ValueError too, for library callers)."""

@@ -1,19 +1,37 @@
 """`reskip run`: parity -> training -> calibration -> evaluation -> diagnostics -> report, into one folder.
 
-Each finished stage is recorded in RUN/pipeline.json; `--resume RUN` skips finished stages and
-continues training from its last checkpoint. Budgets come from a preset; flags override them.
+Each stage is the library function of its subpackage, called here with typed options (no
+command line in between). Each finished stage is recorded in RUN/pipeline.json; a resumed run
+skips finished stages and continues training from its last checkpoint. Budgets come from a
+preset; explicit training values override them.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from .backbones.parity_stage import parity_stage
 from .errors import ReskipError
+from .evaluate.options import EvalOptions
+from .evaluate.stage import evaluate_run, margin_violations
+from .evaluate.tables import markdown
 from .io_atomic import atomic_write_json
+from .report.diagnose import diagnose
+from .report.html import build_report
+from .report.options import DiagnoseOptions
+from .runs import RunFolder
+from .skip.options import CalibrateOptions
+from .skip.stage import calibrate_run, format_policy
+from .train.checkpoint import latest_checkpoint
+from .train.config import TrainConfig
+from .train.log import format_summary
+from .train.loop import train
 
 STAGES = ("parity", "train", "calibrate", "eval", "diagnose", "report")
+RETROFIT_KEYS = ("block_size", "rank", "boundaries")
 
 PRESETS = {
     # Fits in well under 20 minutes on a 2-core CPU with the bundled model: a smoke run of the
@@ -28,49 +46,72 @@ PRESETS = {
 }
 
 
-def _state(run: Path) -> dict:
-    f = run / "pipeline.json"
-    return json.loads(f.read_text()) if f.is_file() else {"finished": [], "timings": {}}
+@dataclass
+class PipelineConfig:
+    """What a run is made of: the preset's budgets, the backbone, the training data, training
+    values that override the preset (TrainConfig keys; block_size, rank and boundaries set the
+    retrofit), and the calibration's delta. Recorded in pipeline.json, so a resumed run is the same."""
+
+    preset: str = "standard"
+    model: str | None = None
+    data: list[str] = field(default_factory=lambda: ["default"])
+    overrides: dict = field(default_factory=dict)
+    delta: float = 1.0
+
+    def check(self) -> None:
+        if self.preset not in PRESETS:
+            raise ReskipError(f"unknown preset {self.preset!r}; valid: {', '.join(PRESETS)}")
+        if not self.delta >= 0:
+            raise ReskipError(f"--delta must be >= 0, got {self.delta}")
+        self.train_config().validate()
+
+    def train_config(self) -> TrainConfig:
+        values = {**PRESETS[self.preset]["train"], **self.overrides}
+        retrofit = {k: values.pop(k) for k in RETROFIT_KEYS if k in values}
+        return TrainConfig.from_dict({**values, "model": self.model, "data": list(self.data), "retrofit": retrofit})
+
+    def calibrate_options(self) -> CalibrateOptions:
+        return CalibrateOptions(delta=self.delta, **PRESETS[self.preset]["calibrate"])
+
+    def eval_options(self) -> EvalOptions:
+        return EvalOptions(quiet=True, **PRESETS[self.preset]["eval"])
+
+    def diagnose_options(self) -> DiagnoseOptions:
+        return DiagnoseOptions(**PRESETS[self.preset]["diagnose"])
 
 
-def run_pipeline(run: Path, preset: str = "quick", model: str | None = None, data: list[str] | None = None,
-                 train_overrides: dict | None = None, resume: bool = False, delta: float = 1.0) -> dict:
-    from .cli import main as cli  # the stages are the CLI commands, run in-process
+def _state(run: RunFolder) -> dict:
+    return json.loads(run.pipeline.read_text()) if run.pipeline.is_file() else {"finished": [], "timings": {}}
 
-    if preset not in PRESETS:
-        raise ReskipError(f"unknown preset {preset!r}; valid: {', '.join(PRESETS)}")
-    run = Path(run)
-    if resume and not (run / "pipeline.json").is_file():
-        raise ReskipError(f"{run} is not a pipeline run folder (no pipeline.json)")
-    if not resume and (run / "pipeline.json").is_file():
-        raise ReskipError(f"{run} already holds a run: use --resume {run} or another --out")
-    run.mkdir(parents=True, exist_ok=True)
+
+def _config_of(state: dict) -> PipelineConfig:
+    return PipelineConfig(state["preset"], state["model"], state["data"], state.get("overrides", {}), state["delta"])
+
+
+def run_pipeline(run_dir: Path, config: PipelineConfig | None = None, resume: bool = False) -> dict:
+    """Run (or, with `resume`, continue) the pipeline in `run_dir`; returns the pipeline state."""
+    run = RunFolder(run_dir)
+    if resume and not run.pipeline.is_file():
+        raise ReskipError(f"{run.root} is not a pipeline run folder (no pipeline.json)")
+    if not resume and run.pipeline.is_file():
+        raise ReskipError(f"{run.root} already holds a run: use --resume {run.root} or another --out")
     state = _state(run)
+    if resume:
+        config = _config_of(state)  # the run's own settings, whatever was passed
+    config = config or PipelineConfig()
+    config.check()  # bad values fail here, before any stage runs
+    run.root.mkdir(parents=True, exist_ok=True)
     if not resume:
-        state["preset"], state["model"], state["data"] = preset, model, data or ["default"]
-        state["delta"] = delta
-        atomic_write_json(run / "pipeline.json", state)
-    p = PRESETS[state["preset"]]
-    if not resume:
-        state["overrides"] = train_overrides or {}
-    model_args = ["--model", state["model"]] if state["model"] else []
-    retrofit_args, train_args = [], []
-    for k, v in {**p["train"], **state["overrides"]}.items():
-        flag = [f"--{k.replace('_', '-')}", str(v)]
-        train_args += flag
-        if k in ("block_size", "rank", "boundaries"):
-            retrofit_args += flag
-    commands = {
-        "parity": lambda: cli(["run-parity", "--out", str(run), *model_args, *retrofit_args]),
-        "train": lambda: cli(["train", "--out", str(run), "--quiet", *model_args, "--data", *state["data"], *train_args]
-                             + (["--resume", str(run)] if (run / "checkpoints" / "latest").is_file() else [])),
-        "calibrate": lambda: cli(["calibrate", "--adapter", str(run), "--sequences", str(p["calibrate"]["sequences"]),
-                                  "--delta", str(state["delta"])]),
-        "eval": lambda: cli(["eval", "--adapter", str(run), "--quiet", "--sequences", str(p["eval"]["sequences"]),
-                             "--mc-limit", str(p["eval"]["mc_limit"]), "--chunk-size", str(p["eval"]["chunk_size"])]),
-        "diagnose": lambda: cli(["diagnose", str(run), "--sequences", str(p["diagnose"]["sequences"]),
-                                 "--sample-tokens", str(p["diagnose"]["sample_tokens"])]),
-        "report": lambda: cli(["report", str(run)]),
+        state.update(preset=config.preset, model=config.model, data=list(config.data), delta=config.delta,
+                     overrides=dict(config.overrides))
+        atomic_write_json(run.pipeline, state)
+    stages = {
+        "parity": lambda: _parity(run, config),
+        "train": lambda: _train(run, config),
+        "calibrate": lambda: print(format_policy(calibrate_run(run.root, config.calibrate_options())[0])),
+        "eval": lambda: _eval(run, config),
+        "diagnose": lambda: diagnose(run.root, config.diagnose_options()),
+        "report": lambda: build_report(run.root),
     }
     for i, stage in enumerate(STAGES, start=1):
         if stage in state["finished"]:
@@ -78,11 +119,34 @@ def run_pipeline(run: Path, preset: str = "quick", model: str | None = None, dat
             continue
         print(f"[{i}/{len(STAGES)}] {stage} ...", flush=True)
         t = time.time()
-        code = commands[stage]()
-        if code != 0:
-            raise ReskipError(f"stage {stage} failed (exit {code}); fix it and continue with: reskip run --resume {run}")
+        try:
+            stages[stage]()
+        except ReskipError as e:
+            raise ReskipError(f"stage {stage} failed ({e}); fix it and continue with: reskip run --resume {run.root}") from e
         state["finished"].append(stage)
         state["timings"][stage] = time.time() - t
-        atomic_write_json(run / "pipeline.json", state)
+        atomic_write_json(run.pipeline, state)
         print(f"[{i}/{len(STAGES)}] {stage}: done in {state['timings'][stage]:.0f} s", flush=True)
     return state
+
+
+def _parity(run: RunFolder, config: PipelineConfig) -> None:
+    result = parity_stage(run.root, config.model, config.train_config().retrofit_config())
+    if not all(r["equal"] for r in result["parity"]):
+        raise ReskipError("step-zero parity is not exact: the retrofit at c = 0 differs from the backbone")
+
+
+def _train(run: RunFolder, config: PipelineConfig) -> None:
+    summary = train(config.train_config(), run.root, resume=latest_checkpoint(run.root) is not None,
+                    show_progress=False)
+    if summary:
+        print(format_summary(summary))
+
+
+def _eval(run: RunFolder, config: PipelineConfig) -> None:
+    results, _ = evaluate_run(run.root, config.eval_options())
+    print(markdown(results))
+    bad = margin_violations(results)
+    if bad:
+        raise ReskipError(f"BUG: top-1 changed where 2 eps < Delta for {bad}")
+

@@ -18,7 +18,7 @@ import sysconfig
 import tarfile
 from pathlib import Path
 
-from ..backbones import cache_root, sha256_file
+from ..cache import cache_root, sha256_file
 from ..errors import ReskipError
 from ..io_atomic import atomic_write_text
 from .documents import SPLITS, Document, split_of, text_documents

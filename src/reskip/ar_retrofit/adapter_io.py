@@ -1,0 +1,140 @@
+"""Adapter files: `adapter_config.json` + `adapter_model.safetensors`, the side-channel only.
+
+The config records the retrofit settings and a fingerprint of the backbone
+(family, layer count, hidden size, a hash of the architecture config and a digest
+of the weights), so an adapter is never silently applied to another model.
+Nothing is unpickled: tensors come from safetensors, metadata from JSON.
+
+This module writes and reads the files; building a model from them is `model.load_adapter`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from ..errors import AdapterError
+from ..io_atomic import atomic_write, atomic_write_text
+from ..version import __version__
+from .blocks import inclusive_ranges
+from .config import ADAPTER_CONFIG_NAME as CONFIG_NAME
+from .config import ADAPTER_WEIGHTS_NAME as WEIGHTS_NAME
+from .config import RetrofitConfig
+
+# 2: "blocks" as inclusive [first, last] layer pairs, like every other file reskip writes.
+# 1: "blocks" as [start, stop) pairs; still read (the weights and every other field are the same).
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+
+# Hyperparameters that define the architecture; loader-specific keys (dtype, paths,
+# quantization, versions) are left out so a GGUF load and its cached copy hash alike.
+ARCH_KEYS = (
+    "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+    "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_act", "rms_norm_eps",
+    "rope_parameters", "rope_theta", "rope_scaling", "tie_word_embeddings", "sliding_window",
+    "layer_types", "attention_bias", "mlp_bias", "query_pre_attn_scalar", "final_logit_softcapping",
+    "attn_logit_softcapping", "max_position_embeddings",
+)
+
+
+def config_hash(config) -> str:
+    d = config.to_dict()
+    arch = {k: d[k] for k in ARCH_KEYS if k in d}
+    return hashlib.sha256(json.dumps(arch, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def weights_digest(model: nn.Module, n_values: int = 4096) -> str:
+    """Digest of every backbone tensor's shape and first values, rounded to bfloat16.
+
+    Rounding to bf16 makes the digest the same whether the backbone was loaded in
+    float32 or bfloat16; parameter names are left out so wrapping does not change it.
+    """
+    digest = hashlib.sha256()
+    for p in model.parameters():
+        digest.update(str(tuple(p.shape)).encode())
+        head = p.detach().reshape(-1)[:n_values].to("cpu", torch.bfloat16)
+        digest.update(head.view(torch.int16).numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def fingerprint(base_model: nn.Module) -> dict:
+    cfg = base_model.config
+    return {
+        "family": cfg.model_type,
+        "num_layers": cfg.num_hidden_layers,
+        "hidden_size": cfg.hidden_size,
+        "config_hash": config_hash(cfg),
+        "weights_digest": weights_digest(base_model),
+    }
+
+
+def save_adapter(model, path, metadata: dict | None = None) -> Path:
+    """Write the side-channel of `model` (a ReskipModel) and its config into folder `path` (created if needed)."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to("cpu").contiguous() for k, v in model.side_channel.state_dict().items()}
+    config = {
+        "format_version": FORMAT_VERSION,
+        "reskip_version": __version__,
+        "retrofit": model.config.to_dict(),
+        "seed": model.seed,
+        "rank": model.rank,
+        "blocks": inclusive_ranges(model.blocks),
+        "curriculum": model.side_channel.curriculum,
+        "backbone": fingerprint(model.base_model),
+        "metadata": metadata or {},
+    }
+    atomic_write(path / WEIGHTS_NAME, lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
+    atomic_write_text(path / CONFIG_NAME, json.dumps(config, indent=2))
+    return path
+
+
+def read_adapter_config(path) -> dict:
+    path = Path(path)
+    cfg_path = path / CONFIG_NAME
+    if not cfg_path.is_file() or not (path / WEIGHTS_NAME).is_file():
+        raise AdapterError(
+            f"{path} is not an adapter folder: it needs {CONFIG_NAME} and {WEIGHTS_NAME} "
+            "(written by `reskip train` or ReskipModel.save_adapter)"
+        )
+    try:
+        cfg = json.loads(cfg_path.read_text())
+        version = cfg.get("format_version")
+        if version not in READABLE_VERSIONS:
+            raise AdapterError(f"{cfg_path} has format_version {version!r}; this reskip reads {list(READABLE_VERSIONS)}")
+        RetrofitConfig.from_dict(cfg["retrofit"])
+        cfg["backbone"]["family"]
+        if version == 1 and "blocks" in cfg:  # [start, stop) -> [first, last]
+            cfg["blocks"] = [[start, stop - 1] for start, stop in cfg["blocks"]]
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        raise AdapterError(f"{cfg_path} is corrupt or incomplete ({e}); re-save the adapter") from e
+    return cfg
+
+
+def check_backbone(saved: dict, base_model: nn.Module, strict_weights: bool = True) -> None:
+    """Refuse a backbone that differs from the one the adapter was trained on."""
+    actual = fingerprint(base_model)
+    keys = ["family", "num_layers", "hidden_size", "config_hash"] + (["weights_digest"] if strict_weights else [])
+    diffs = [f"{k}: adapter {saved.get(k)!r} vs model {actual[k]!r}" for k in keys if saved.get(k) != actual[k]]
+    if diffs:
+        hint = (
+            " Only the weights differ: pass strict_weights=False (--allow-other-weights) to load anyway."
+            if all(d.startswith("weights_digest") for d in diffs)
+            else " Load the backbone this adapter was trained on."
+        )
+        raise AdapterError("adapter belongs to another backbone (" + "; ".join(diffs) + ")." + hint)
+
+
+def read_adapter_weights(path) -> dict[str, torch.Tensor]:
+    """The side-channel tensors of adapter folder `path` (safetensors: nothing is unpickled)."""
+    path = Path(path)
+    try:
+        return load_file(path / WEIGHTS_NAME)
+    except (SafetensorError, OSError, ValueError) as e:
+        raise AdapterError(f"{path / WEIGHTS_NAME} is truncated or corrupt ({e}); re-save the adapter") from e

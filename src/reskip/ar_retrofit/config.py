@@ -1,0 +1,88 @@
+"""The retrofit's configuration: one dataclass, validated before any model is touched, and the
+names of the two files an adapter is saved as (so that code which only locates adapters needs
+neither torch nor safetensors)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from ..errors import RetrofitConfigError
+
+ADAPTER_CONFIG_NAME = "adapter_config.json"
+ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"
+
+ACTIVATIONS = ("silu", "gelu", "relu")
+
+
+def default_rank(hidden_size: int) -> int:
+    """Adapter rank when none is given: the seed's 256 from d >= 1024, 64 below.
+
+    A rank of 256 on a d=576 model would be almost half of d; 64 keeps the
+    adapter a bottleneck on small backbones.
+    """
+    return 256 if hidden_size >= 1024 else 64
+
+
+@dataclass
+class RetrofitConfig:
+    """What AR-Retrofit adds to a frozen backbone.
+
+    block_size: layers per block when `boundaries` is not given (sizes are balanced
+        so they differ by at most one when it does not divide the layer count).
+    boundaries: explicit first-layer index of every block after the first,
+        e.g. [4, 8, 12] for 16 layers -> blocks 0-3, 4-7, 8-11, 12-15.
+    rank: adapter bottleneck rank; None -> `default_rank(hidden_size)`.
+    activation: sigma in A(u) = W_up sigma(W_down u).
+    up_init_std: std of W_up at init: small but nonzero, so gradients reach the
+        adapter's down projection from the first step the gate opens.
+    prev_logit_init: initial routing logit of the previous block's state h_{n-1}
+        over every other source (which start at 0): a mild peak on n-1, not one-hot.
+    router_init_std: std of the router query w_n at init.
+    """
+
+    block_size: int = 4
+    boundaries: list[int] | None = None
+    rank: int | None = None
+    activation: str = "silu"
+    up_init_std: float = 1e-3
+    prev_logit_init: float = 2.0
+    router_init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        if not isinstance(self.block_size, int) or self.block_size < 1:
+            raise RetrofitConfigError(f"block_size must be a positive integer, got {self.block_size!r}")
+        if self.rank is not None and (not isinstance(self.rank, int) or self.rank <= 0):
+            raise RetrofitConfigError(f"rank must be a positive integer (or None for the default), got {self.rank!r}")
+        if self.activation not in ACTIVATIONS:
+            raise RetrofitConfigError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
+        if self.boundaries is not None:
+            b = list(self.boundaries)
+            if any(not isinstance(x, int) for x in b) or b != sorted(set(b)) or (b and b[0] <= 0):
+                raise RetrofitConfigError(
+                    f"boundaries must be strictly increasing positive layer indices, got {self.boundaries!r}"
+                )
+        if not self.up_init_std > 0:
+            raise RetrofitConfigError("up_init_std must be > 0: W_up starts small but nonzero")
+
+    def resolved_rank(self, hidden_size: int) -> int:
+        return self.rank if self.rank is not None else default_rank(hidden_size)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "RetrofitConfig":
+        reject_unknown_keys(cls, data, "retrofit config", RetrofitConfigError)
+        return cls(**data)
+
+
+def reject_unknown_keys(cls, data: dict, what: str, error: type[Exception]) -> None:
+    """One clear error, listing the valid keys, for keys of `data` that are not fields of dataclass `cls`."""
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise error(f"unknown {what} keys {unknown}; known keys: {sorted(known)}")

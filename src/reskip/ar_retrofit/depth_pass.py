@@ -1,0 +1,174 @@
+"""One forward pass through the blocks: layer wrappers and the per-pass depth state.
+
+The family's own forward loop (masks, rotary, cache) runs unchanged; each decoder
+layer is wrapped by `BlockLayer`, which tells the `DepthPass` when a block starts
+(to apply the side-channel correction to its input) and when it ends (to record
+h_n). A block replaced by identity passes its input through without running its
+layers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .. import compat
+from .kv_cache import append_kv
+from .side_channel import SideChannel, block_input
+
+
+@dataclass
+class Captured:
+    """A finished pass: states h_0..h_N, the routers' float32 stack of them, block inputs x_n."""
+
+    states: list[torch.Tensor]
+    sources: torch.Tensor | None  # (B, T, k, d): h_0..h_{k-1}, k = the sources the last router read
+    inputs: dict[int, torch.Tensor]
+
+
+class DepthPass:
+    """Settings and state of the passes of one retrofitted model (a plain object, not a Module).
+
+    enabled: False -> the side-channel is off and the model is the backbone (teacher).
+    skip: blocks replaced by identity in the next passes.
+    states: h_0..h_n of the current pass, each (B, T, d) in the backbone dtype.
+    float_states: the float32 copies of states made so far (in a float32 stream, the states).
+    sources: h_0..h_{k-1} stacked in float32 (B, T, k, d) for block k's router, stacked anew
+        for each block (one op; autograd-safe, nothing written in place).
+    alphas: block n -> alpha (B, T, n) of the last pass, when `record_alphas`.
+    """
+
+    def __init__(self, side_channel: SideChannel, n_blocks: int):
+        self.side_channel = side_channel
+        self.n_blocks = n_blocks
+        self.enabled = True
+        self.skip: frozenset[int] = frozenset()
+        self.record_alphas = False
+        self.states: list[torch.Tensor] = []
+        self.float_states: list[torch.Tensor] = []
+        self.sources: torch.Tensor | None = None
+        self.inputs: dict[int, torch.Tensor] = {}
+        self.alphas: dict[int, torch.Tensor] = {}
+        self.tensors: list | None = None  # the side-channel's tensors for this pass, by block
+        # capture: keep the pass's states and block inputs after it ends (in `captured`).
+        # replay: (k, captured, identity) -> blocks 1..k are not run; the stream continues
+        # after block k from the captured x_k (identity: block k skipped) or h_k (block k as it
+        # ran), and blocks k+1..N run on the captured prefix states h_0..h_{k-1}.
+        self.capture = False
+        self.captured: Captured | None = None
+        self.replay: tuple[int, Captured, bool] | None = None
+        # ReSkip: `runtime` decides per pass (step) which blocks to skip, before each block
+        # runs. `idle`: the blocks whose layers do not run in this pass (skipped, replayed or
+        # decided by the runtime). `position_skip` (reference mode, no cache) skips block n
+        # only at the positions where its (B, T) bool mask is True.
+        self.runtime = None
+        self.idle: set[int] = set()
+        self.position_skip: dict[int, torch.Tensor] = {}
+
+    def enter_block(self, n: int, hidden: torch.Tensor) -> torch.Tensor:
+        """Called before block n's first layer with h_{n-1}; returns the block input x_n."""
+        if n == 1:
+            self.states, self.float_states, self.sources, self.inputs, self.alphas = [hidden], [], None, {}, {}
+            self.tensors = self.side_channel.pass_tensors() if self.enabled else None
+            self.idle = set(self.skip)
+            if self.replay is not None:
+                self.idle.update(range(1, self.replay[0] + 1))
+            if self.runtime is not None:
+                self.runtime.begin_step(hidden.shape[1])
+                if self.runtime.decide(1, None):  # block 1 has no router: only static policies skip it
+                    self.idle.add(1)
+        if self.replay is not None and n <= self.replay[0]:
+            return hidden
+        if n == 1 or not self.enabled:
+            self.inputs[n] = hidden
+            return hidden
+        self._grow_sources(n)
+        x, alpha = block_input(self.tensors[n], self.sources, hidden)
+        if self.record_alphas:
+            self.alphas[n] = alpha
+        runtime = self.runtime
+        if runtime is not None and runtime.decide(n, alpha):
+            self.idle.add(n)
+        self.inputs[n] = x
+        return x
+
+    def _grow_sources(self, n: int) -> None:
+        """Stack the float32 sources h_0..h_{n-1}: (B, T, n, d). Each state is cast once per pass."""
+        fs = self.float_states
+        while len(fs) < n:  # usually just h_{n-1}; the float() of a float32 state is the state itself
+            fs.append(self.states[len(fs)].float())
+        self.sources = torch.stack(fs[:n], dim=-2)
+
+    def leave_block(self, n: int, hidden: torch.Tensor) -> torch.Tensor:
+        """Called after block n's last layer with h_n; returns the h_n the stream continues with."""
+        if self.replay is not None and n <= self.replay[0]:
+            k, cap, identity = self.replay
+            if n < k:
+                return hidden  # placeholder flowing through un-run blocks; replaced at block k
+            hidden = cap.inputs[k] if identity else cap.states[k]
+            self.states = cap.states[:k] + [hidden]
+            self.float_states = [] if cap.sources is None else list(cap.sources[..., :k, :].unbind(-2))
+            self.inputs = {j: x for j, x in cap.inputs.items() if j <= k}
+        else:
+            self.states.append(hidden)
+        if n == self.n_blocks:
+            if self.capture:
+                self.captured = Captured(self.states, self.sources, self.inputs)
+            # Drop references so activations are not kept alive between passes.
+            self.states, self.float_states, self.sources, self.inputs, self.tensors = [], [], None, {}, None
+        return hidden
+
+
+class BlockLayer(nn.Module):
+    """Wraps one frozen decoder layer; attribute lookups fall through to it.
+
+    The family's loop reads attributes such as `attention_type` off each layer, so
+    anything this wrapper does not define is looked up on the wrapped layer.
+
+    The family's loop calls every wrapper at every step, so the wrapper keeps its own cost
+    down: calling it runs `forward` directly (hooks belong on the wrapped layer, which is
+    called the usual way), and the wrapped layer is also kept outside `_modules` for a
+    plain attribute read.
+    """
+
+    def __init__(self, layer: nn.Module, block: int, is_first: bool, is_last: bool, depth_pass: DepthPass):
+        super().__init__()
+        self.layer = layer
+        self.block = block
+        self.is_first = is_first
+        self.is_last = is_last
+        object.__setattr__(self, "_depth_pass", depth_pass)  # not a submodule
+        object.__setattr__(self, "_inner", layer)  # the same module as self.layer
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(super().__getattr__("layer"), name)
+
+    def forward(self, hidden_states: torch.Tensor, *args, **kwargs):
+        dp = self._depth_pass
+        n = self.block
+        if self.is_first:
+            hidden_states = dp.enter_block(n, hidden_states)
+        if n not in dp.idle:
+            out = self._inner(hidden_states, *args, **kwargs)
+            if dp.position_skip:
+                mask = dp.position_skip.get(n)
+                if mask is not None:  # reference mode: identity at the skipped positions only
+                    h = torch.where(mask[..., None], hidden_states, compat.layer_hidden(out))
+                    out = compat.identity_output(h)
+        else:
+            if dp.replay is None and compat.layer_cache(kwargs) is not None:
+                append_kv(self._inner, hidden_states, kwargs)  # later tokens still attend here
+            out = compat.identity_output(hidden_states)
+        if self.is_last:
+            h = compat.layer_hidden(out)
+            h_next = dp.leave_block(n, h)
+            if h_next is not h:
+                out = compat.identity_output(h_next)
+        return out
+
+    __call__ = forward  # one call per layer per step: skip nn.Module's dispatch

@@ -1,0 +1,45 @@
+"""The pipeline's first stage: step-zero parity in float32 and bfloat16 and parameter accounting
+on the named backbone -> RUN/parity.json."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..errors import ReskipError
+from ..io_atomic import atomic_write_json
+from ..runs import RunFolder
+from ..ar_retrofit.config import RetrofitConfig
+from ..ar_retrofit.parity import check_parity, tokenize_batch
+from .accounting import count_params
+from .loading import DEFAULT_BACKBONE, load_backbone
+
+PARITY_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def parity_of(model_name: str | None, dtype_name: str, config: RetrofitConfig, trust_remote_code: bool = False):
+    """Step-zero parity of the named backbone in one dtype: (check_parity's dict, the loaded backbone)."""
+    if dtype_name not in PARITY_DTYPES:
+        raise ReskipError(f"dtype must be one of {list(PARITY_DTYPES)}, got {dtype_name!r}")
+    model, tokenizer = load_backbone(model_name, PARITY_DTYPES[dtype_name], trust_remote_code)
+    return check_parity(model, tokenize_batch(tokenizer), config), model
+
+
+def parity_stage(run_dir: Path, model_name: str | None, config: RetrofitConfig,
+                 trust_remote_code: bool = False) -> dict:
+    """Parity in each dtype and the parameter report; writes RUN/parity.json and returns its content.
+
+    Exact parity is `all(r["equal"] for r in result["parity"])`; the caller decides what a failure means."""
+    name = model_name or DEFAULT_BACKBONE
+    result = {"model": name, "parity": []}
+    for dtype_name in PARITY_DTYPES:
+        print(f"[parity] {name} {dtype_name} ...", flush=True)
+        r, model = parity_of(model_name, dtype_name, config, trust_remote_code)
+        result["parity"].append({"dtype": dtype_name, **r})
+        print(f"[parity] {dtype_name}: max |diff| = {r['max_abs_diff']} ({'exact' if r['equal'] else 'NOT exact'})")
+    result["params"] = count_params(model.config, config, name).to_dict()
+    p = result["params"]
+    print(f"[params] {p['new_params']:,} new / {p['backbone_params']:,} backbone = {p['percent']:.3f}% (rank {p['rank']})")
+    atomic_write_json(RunFolder(run_dir).parity, result)
+    return result

@@ -1,0 +1,31 @@
+"""`reskip` command line: a package with one module per command group, each registering its own
+subcommands. Only this package parses strings into objects; it calls the library with typed values,
+and the library never imports it. Building the parser imports no torch (`reskip --help`, `reskip report`).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from ..errors import ReskipError
+from . import backbone, evaluate, report, run, skip, train
+from .common import Parser
+
+COMMAND_GROUPS = (backbone, train, skip, evaluate, report, run)
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="reskip", description="AR-Retrofit and ReSkip on a frozen pretrained LLM.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for group in COMMAND_GROUPS:
+        group.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ReskipError as e:
+        print(f"reskip: error: {e}", file=sys.stderr)
+        return 2

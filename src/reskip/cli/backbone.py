@@ -1,0 +1,72 @@
+"""`reskip parity`, `reskip params` and the pipeline's `reskip run-parity` stage.
+
+Library imports happen inside the handlers (marked `lazy:`) so that building the parser for
+`reskip --help` loads no torch."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..runs import RunFolder
+from .common import DTYPES, model_flags, retrofit_config, retrofit_flags
+
+
+def _emit(result: dict, as_json: bool, lines: list[str]) -> None:
+    print(json.dumps(result) if as_json else "\n".join(lines))
+
+
+def cmd_parity(args) -> int:
+    from ..backbones.loading import DEFAULT_BACKBONE  # lazy: torch
+    from ..backbones.parity_stage import parity_of  # lazy: torch
+
+    r, _ = parity_of(args.model, args.dtype, retrofit_config(args), args.trust_remote_code)
+    result = {"model": args.model or DEFAULT_BACKBONE, "dtype": args.dtype, **r}
+    _emit(result, args.json, [
+        f"parity of {result['model']} ({args.dtype}) at c = 0 over {result['tokens']} tokens "
+        f"({result['padded_rows']} padded rows), {result['n_blocks']} blocks, rank {result['rank']}:",
+        f"  max |logit diff| = {result['max_abs_diff']:.3g}  ->  {'EXACT' if result['equal'] else 'NOT EXACT'}",
+    ])
+    return 0 if result["max_abs_diff"] == 0 and result["equal"] else 1
+
+
+def cmd_params(args) -> int:
+    from ..backbones.accounting import architecture_config, count_params  # lazy: torch
+
+    config = retrofit_config(args)
+    report = count_params(architecture_config(args.backbone), config, args.backbone).to_dict()
+    _emit(report, args.json, [
+        f"{report['backbone']} ({report['family']}): {report['backbone_params']:,} backbone parameters",
+        f"  side-channel at rank {report['rank']}, {report['n_blocks']} blocks: "
+        f"{report['new_params']:,} new parameters = {report['percent']:.3f}%",
+    ])
+    return 0
+
+
+def cmd_run_parity(args) -> int:
+    from ..backbones.parity_stage import parity_stage  # lazy: torch
+
+    result = parity_stage(Path(args.out), args.model, retrofit_config(args), args.trust_remote_code)
+    print(f"wrote {RunFolder(args.out).parity}")
+    return 0 if all(r["equal"] for r in result["parity"]) else 1
+
+
+def register(sub) -> None:
+    p = sub.add_parser("parity", help="check bit-exact parity with the backbone at c = 0")
+    model_flags(p)
+    retrofit_flags(p)
+    p.add_argument("--dtype", choices=DTYPES, default="float32")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_parity)
+
+    p = sub.add_parser("params", help="count side-channel vs backbone parameters without loading weights")
+    p.add_argument("--backbone", required=True, help="shipped name (e.g. Qwen3-4B), config.json or model folder")
+    retrofit_flags(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_params)
+
+    p = sub.add_parser("run-parity", help="pipeline stage: parity in fp32 + bf16 and parameters -> OUT/parity.json")
+    model_flags(p)
+    retrofit_flags(p)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_run_parity)

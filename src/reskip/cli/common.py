@@ -1,0 +1,59 @@
+"""What every command shares: the parser class (bad input -> one line, exit 2), the flags that
+several commands take (declared here once), and the few conversions of strings into objects.
+
+Nothing here imports torch: `reskip --help` and `reskip report` must stay light.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ..errors import ReskipError
+from ..ar_retrofit.config import RetrofitConfig
+
+DTYPES = ("float32", "bfloat16")
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with its usage errors on one line (the same shape as every other reskip error)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see: {self.prog} --help)\n")
+
+
+def model_flags(p: argparse.ArgumentParser, trust: bool = True, dtype: bool = False) -> None:
+    p.add_argument("--model", default=None, help="HF id, local folder or .gguf; default: the run's, else the "
+                                                 "bundled SmolLM2-135M-Instruct")
+    if trust:
+        p.add_argument("--trust-remote-code", action="store_true", help="allow the model's own Python code to run")
+    if dtype:
+        p.add_argument("--dtype", choices=DTYPES, default="float32")
+
+
+def retrofit_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--block-size", type=int, default=None, help="layers per block (default 4)")
+    p.add_argument("--boundaries", default=None, help="explicit block starts, e.g. 4,8,12 (overrides --block-size)")
+    p.add_argument("--rank", type=int, default=None, help="adapter rank (default: 256 if d >= 1024, else 64)")
+
+
+def adapter_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--adapter", required=True, help="training run folder or adapter folder")
+
+
+def parse_boundaries(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise ReskipError(f"--boundaries takes comma-separated layer indices, e.g. 4,8,12; got {text!r}") from None
+
+
+def retrofit_values(args) -> dict:
+    """The retrofit flags that were given, as RetrofitConfig keys."""
+    values = {"block_size": args.block_size, "rank": args.rank, "boundaries": parse_boundaries(args.boundaries)}
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def retrofit_config(args) -> RetrofitConfig:
+    return RetrofitConfig(**retrofit_values(args))  # its own checks raise RetrofitConfigError (a ReskipError)

@@ -1,0 +1,57 @@
+"""`reskip diagnose` and `reskip report`. `report` reads run files only and imports no torch;
+`diagnose` runs the model. Both library imports happen inside the handlers (`lazy:`), so that
+`reskip --help` loads neither torch nor matplotlib."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..errors import ReskipError
+from ..report.options import DiagnoseOptions
+
+
+def cmd_diagnose(args) -> int:
+    from ..report.diagnose import diagnose  # lazy: torch
+
+    path = diagnose(args.run, DiagnoseOptions(context=args.context, sequences=args.sequences,
+                                              sample_tokens=args.sample_tokens, model=args.model))
+    d = json.loads(path.read_text())
+    print("routing health:")
+    for r in d["routing_health"]:
+        ratio = "-" if r["entropy_ratio"] is None else f"{r['entropy_ratio']:.2f}"
+        print(f"  block {r['block']}: H/log n = {ratio}, alpha on h_(n-1) = {r['alpha_on_prev']:.2f}  {r['status']}")
+    dil = d["dilution"]
+    print(f"dilution: cos^2(h0, h_L) = {dil['cos2'][-1]:.4f}, |h0|^2/|h_L|^2 = {dil['energy_ratio'][-1]:.4f} "
+          f"(toy model {dil['toy_model'][-1]:.4f})")
+    if "reading_discipline" in d:
+        print(f"Spearman(I, A) = {d['reading_discipline']['spearman_I_vs_A']}")
+    print(f"wrote {path}")
+    return 0
+
+
+def cmd_report(args) -> int:
+    from ..report.html import build_report  # lazy: matplotlib
+
+    run = Path(args.run)
+    if not run.is_dir():
+        raise ReskipError(f"{run} is not a run folder")
+    path = build_report(run, Path(args.out) if args.out else None)
+    print(f"wrote {path}")
+    return 0
+
+
+def register(sub) -> None:
+    d = DiagnoseOptions()
+    p = sub.add_parser("diagnose", help="depth diagnostics of a run -> RUN/diagnostics.json")
+    p.add_argument("run")
+    p.add_argument("--model", default=None)
+    p.add_argument("--context", type=int, default=d.context, help="context length for the memory table")
+    p.add_argument("--sequences", type=int, default=d.sequences, help="test sequences for dilution")
+    p.add_argument("--sample-tokens", type=int, default=d.sample_tokens, help="tokens of the per-token skip trace")
+    p.set_defaults(func=cmd_diagnose)
+
+    p = sub.add_parser("report", help="self-contained HTML report of a run (reads run files only)")
+    p.add_argument("run")
+    p.add_argument("--out", help="folder (default RUN/report)")
+    p.set_defaults(func=cmd_report)

@@ -1,0 +1,54 @@
+"""`reskip run`: the main job. The flags become one PipelineConfig; the pipeline calls each stage's
+library function. The import of the pipeline happens inside the handler (`lazy:`), so
+`reskip --help` loads no torch."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from ..runs import RunFolder
+from ..train.log import format_summary
+from .common import parse_boundaries, retrofit_flags
+
+TRAIN_FLAGS = ("steps", "batch_size", "seq_len", "lr")
+
+
+def cmd_run(args) -> int:
+    from ..pipeline import PipelineConfig, run_pipeline  # lazy: torch
+
+    overrides = {k: getattr(args, k) for k in (*TRAIN_FLAGS, "block_size", "rank") if getattr(args, k) is not None}
+    if args.boundaries is not None:
+        overrides["boundaries"] = parse_boundaries(args.boundaries)
+    config = PipelineConfig(preset=args.preset, model=args.model, data=args.data or ["default"], overrides=overrides,
+                            delta=args.delta)
+    out = Path(args.resume or args.out or f"runs/run-{time.strftime('%Y%m%d-%H%M%S')}")
+    t = time.time()
+    state = run_pipeline(out, config, resume=bool(args.resume))
+    print(f"\nfinished {len(state['finished'])} stages in {time.time() - t:.0f} s this session: "
+          + ", ".join(f"{k} {v:.0f}s" for k, v in state["timings"].items()))
+    run = RunFolder(out)
+    if run.summary.is_file():
+        print(format_summary(json.loads(run.summary.read_text())))
+    if run.results_md.is_file():
+        print(run.results_md.read_text())
+    print(f"report: {run.report_dir / 'report.html'}")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("run", help="the main job: parity, training, calibration, evaluation, diagnostics, report")
+    p.add_argument("--out", help="run folder (default runs/run-<timestamp>)")
+    p.add_argument("--resume", metavar="RUN", help="continue RUN from its last finished stage and checkpoint")
+    p.add_argument("--preset", choices=["quick", "standard"], default="standard")
+    p.add_argument("--model", default=None, help="backbone; default: bundled SmolLM2-135M-Instruct")
+    p.add_argument("--data", nargs="+", default=None, help="training data specs (default: the bundled mix)")
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--seq-len", type=int, default=None)
+    p.add_argument("--lr", type=float, default=None)
+    retrofit_flags(p)
+    p.add_argument("--delta", type=float, default=1.0,
+                   help="calibration: eligible when A(n) < 1 + delta (default 1.0, see the README)")
+    p.set_defaults(func=cmd_run)

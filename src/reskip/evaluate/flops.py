@@ -1,0 +1,46 @@
+"""Multiply-add counts of the backbone's layers, to report the share of layer FLOPs executed.
+
+Counted: the weight matrices of each decoder layer (attention projections and the gated
+MLP), 2 FLOPs per multiply-add, per token. Not counted: attention scores (they grow with
+context and are the same for every method at a given length), norms, rotary, the LM head
+and the side-channel (reported separately). A skipped layer still computes its k/v
+projections for the cache (see `reskip.ar_retrofit.kv_cache`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class LayerFlops:
+    full: int  # per token, one whole decoder layer
+    kv_only: int  # per token, the k/v projections a skipped layer still computes
+
+    @classmethod
+    def of(cls, config) -> "LayerFlops":
+        d = config.hidden_size
+        head_dim = getattr(config, "head_dim", None) or d // config.num_attention_heads
+        q = config.num_attention_heads * head_dim
+        kv = config.num_key_value_heads * head_dim
+        attn = d * q + 2 * d * kv + q * d
+        mlp = 3 * d * config.intermediate_size
+        return cls(full=2 * (attn + mlp), kv_only=2 * 2 * d * kv)
+
+
+def executed_share(blocks: list[range], skipped_per_step: list[list[int]], tokens_per_step: list[int],
+                   flops: LayerFlops) -> tuple[float, float]:
+    """(executed layer FLOPs, dense layer FLOPs) over the steps of one scored sequence."""
+    sizes = {n: len(b) for n, b in enumerate(blocks, start=1)}
+    n_layers = sum(sizes.values())
+    executed = dense = 0.0
+    for skipped, tokens in zip(skipped_per_step, tokens_per_step):
+        skipped_layers = sum(sizes[n] for n in skipped)
+        executed += tokens * ((n_layers - skipped_layers) * flops.full + skipped_layers * flops.kv_only)
+        dense += tokens * n_layers * flops.full
+    return executed, dense
+
+
+def side_channel_flops(hidden_size: int, rank: int, n_blocks: int) -> int:
+    """Per token: routers (n sources x d each) and adapters (2 d r) of blocks 2..N, 2 FLOPs per MAC."""
+    return sum(2 * (n * hidden_size + 2 * hidden_size * rank) for n in range(2, n_blocks + 1))

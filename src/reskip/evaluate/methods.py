@@ -1,0 +1,167 @@
+"""`reskip eval`: the backbone, the retrofit and skip policies side by side on the test split.
+
+Each test sequence is scored one sequence at a time (so every sequence makes its own skip
+decisions) in chunks of `chunk_size` tokens: a chunk is one step. Per method: perplexity and
+its ratio to the backbone's, top-1 agreement with and KL to the backbone, blocks skipped per
+step (mean and distribution), the share of layer FLOPs executed, and the margin check
+(eps = max |logit change| from skipping relative to the retrofit without skipping,
+Delta = its top-1 minus top-2 logit; where 2 eps < Delta the top-1 token cannot change, so
+a non-zero change rate there is a bug).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from ..data.packing import Packed
+from ..errors import ReskipError
+from ..losses import ce_sum, kl_sum, teacher_targets
+from ..ar_retrofit.model import ReskipModel
+from ..skip.policies import NoSkip, SkipPolicy
+from ..skip.policy_file import PolicyFile, make_policy
+from ..skip.scoring import score
+from ..skip.spec import METHOD_GRAMMAR, Spec, parse_spec
+from .flops import LayerFlops, executed_share
+
+
+@dataclass
+class Method:
+    name: str
+    policy: SkipPolicy | None  # None: the backbone itself (side-channel off)
+
+
+def parse_methods(specs: list[Spec], policy_file: PolicyFile | None, seed: int = 0) -> list[Method]:
+    """Methods from parsed specs (`parse_spec(text, METHOD_KINDS)`); a method is named as its spec
+    was written. `matched` is expanded later, once ReSkip's mean skips are known."""
+    out = []
+    for spec in specs:
+        if spec.kind in ("backbone", "matched"):
+            out.append(Method(spec.text, None))
+            continue
+        if spec.needs_policy_file and policy_file is None:
+            raise ReskipError(f"method {spec.text!r} needs policy.json: run `reskip calibrate` first")
+        try:
+            out.append(Method(spec.text, make_policy(spec, policy_file, seed)))
+        except ReskipError as e:
+            raise ReskipError(f"{e} (methods: {METHOD_GRAMMAR})") from e
+    return out
+
+
+def matched_methods(policy_file: PolicyFile, mean_skips: float, seed: int = 0) -> list[Method]:
+    """static, influence and random baselines at (about) ReSkip's mean skipped blocks per step."""
+    eligible = policy_file.eligible()
+    k = max(1, round(mean_skips))
+    out = []
+    if k <= len(eligible):
+        out.append(Method(f"static:{k}", policy_file.static(k)))
+    out.append(Method(f"influence:{k}", policy_file.influence(k)))
+    if eligible:
+        p = min(1.0, mean_skips / len(eligible))
+        spec = parse_spec(f"random:{p:.3f}")
+        out.append(Method(spec.text, make_policy(spec, policy_file, seed)))
+    return out
+
+
+@dataclass
+class Tally:
+    ce: float = 0.0
+    targets: int = 0
+    positions: int = 0
+    agree: int = 0
+    kl: float = 0.0
+    margin_holds: int = 0
+    changed_where_holds: int = 0
+    changed: int = 0
+    executed: float = 0.0
+    dense: float = 0.0
+    skipped_per_step: list[int] = field(default_factory=list)
+    margin_measured: bool = False
+
+    def result(self, ppl_backbone: float | None, n_blocks: int) -> dict:
+        ppl = math.exp(self.ce / self.targets)
+        hist = [self.skipped_per_step.count(k) for k in range(n_blocks + 1)]
+        return {
+            "ppl": ppl,
+            "ppl_ratio": ppl / ppl_backbone if ppl_backbone else 1.0,
+            "top1_agreement": self.agree / self.positions,
+            "kl_to_backbone": self.kl / self.positions,
+            "mean_skipped": sum(self.skipped_per_step) / max(1, len(self.skipped_per_step)),
+            "skipped_histogram": hist,
+            "steps": len(self.skipped_per_step),
+            "flops_executed_share": self.executed / self.dense if self.dense else 1.0,
+            # relative to the retrofit without skipping; not defined for the backbone
+            "margin_holds_share": self.margin_holds / self.positions if self.margin_measured else None,
+            "top1_change_rate_where_margin_holds": (self.changed_where_holds / max(1, self.margin_holds)
+                                                    if self.margin_measured else None),
+            "top1_change_rate": self.changed / self.positions if self.margin_measured else None,
+            "tokens": self.positions,
+        }
+
+
+@torch.no_grad()
+def evaluate_methods(model: ReskipModel, data: Packed, methods: list[Method], window: int, chunk_size: int,
+                     policy_file: PolicyFile | None = None, seed: int = 0, progress=None) -> dict[str, dict]:
+    flops = LayerFlops.of(model.base_model.config)
+    expand = any(m.name == "matched" for m in methods)
+    methods = [m for m in methods if m.name != "matched"]
+    tallies = {m.name: Tally() for m in methods}
+    model.eval()
+
+    def run(method: Method, ids, labels, z_back, teacher, z_full, margin, tally: Tally):
+        """teacher: teacher_targets(z_back); margin: top-1 minus top-2 of z_full, both (1, T) per sequence."""
+        if method.policy is None:  # the backbone: its logits are the reference, computed once
+            z, steps, lengths = z_back, [[]], [ids.shape[1]]
+        elif isinstance(method.policy, NoSkip):  # one pass, nothing skipped
+            z, steps, lengths = z_full, [[]], [ids.shape[1]]
+        else:
+            z, trace = score(model, ids, method.policy, window, chunk_size)
+            steps, lengths = [t.skipped for t in trace], [t.length for t in trace]
+        tally.ce += ce_sum(z, labels).item()
+        tally.targets += int((labels[:, 1:] != -100).sum())
+        tally.positions += ids.numel()
+        tally.agree += int((z.argmax(-1) == z_back.argmax(-1)).sum())
+        tally.kl += kl_sum(teacher, z).item() if method.policy is not None else 0.0  # backbone: 0 exactly
+        if method.policy is not None:
+            eps = (z - z_full).abs().amax(-1)  # (B, T)
+            holds = 2 * eps < margin
+            changed = z.argmax(-1) != z_full.argmax(-1)
+            tally.margin_holds += int(holds.sum())
+            tally.changed_where_holds += int((holds & changed).sum())
+            tally.changed += int(changed.sum())
+            tally.margin_measured = True
+        executed, dense = executed_share(model.blocks, steps, lengths, flops)
+        tally.executed += executed
+        tally.dense += dense
+        tally.skipped_per_step.extend(len(s) for s in steps)
+        return z
+
+    for i in range(len(data)):
+        ids, labels = data.input_ids[i : i + 1], data.labels[i : i + 1]
+        with model.side_channel_disabled():
+            z_back = model(input_ids=ids, use_cache=False).logits  # (1, T, V)
+        z_full = model(input_ids=ids, use_cache=False).logits
+        # Per sequence, not per method: the teacher distribution and the full model's top-1 margin.
+        teacher = teacher_targets(z_back)
+        top2 = z_full.topk(2, dim=-1).values
+        margin = top2[..., 0] - top2[..., 1]
+        for m in methods:
+            run(m, ids, labels, z_back, teacher, z_full, margin, tallies[m.name])
+        if progress is not None:
+            progress(i + 1, len(data))
+    ppl_backbone = math.exp(tallies["backbone"].ce / tallies["backbone"].targets) if "backbone" in tallies else None
+    results = {name: t.result(ppl_backbone, model.n_blocks) for name, t in tallies.items()}
+    if expand and policy_file is not None:
+        extra = []
+        for name, r in list(results.items()):
+            if name.startswith("reskip") and r["mean_skipped"] > 0:  # nothing to match when ReSkip never skips
+                extra += [m for m in matched_methods(policy_file, r["mean_skipped"], seed) if m.name not in results
+                          and m.name not in {e.name for e in extra}]
+        if extra:
+            more = evaluate_methods(model, data, [Method("backbone", None), *extra], window, chunk_size, None, seed)
+            for m in extra:
+                # `more` holds its own backbone row over the same sequences, so its ratios already hold
+                results[m.name] = {**more[m.name], "matched": True}
+    return results

@@ -1,0 +1,90 @@
+"""The evaluate stage: every method on the test split (and multiple choice) -> RUN/eval/results.json
+and results.md. This module owns the schema of results.json:
+
+    meta:            adapter, policy, sequences, seq_len, chunk_size, window, n_blocks, test_split, data
+    methods:         name -> the metrics of `methods.Tally.result` (ppl, ppl_ratio, top1_agreement,
+                     kl_to_backbone, mean_skipped, skipped_histogram, steps, flops_executed_share,
+                     margin_holds_share, top1_change_rate_where_margin_holds, top1_change_rate,
+                     tokens; `matched: true` for the matched baselines)
+    multiple_choice: method -> benchmark -> {acc, acc_norm, chance, n}
+    frontier:        one point per method: flops_executed_share, blocks_executed_share, ppl_ratio,
+                     top1_agreement
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from ..data.packing import pack
+from ..data.sources import load_splits
+from ..errors import ReskipError
+from ..io_atomic import atomic_write_json, atomic_write_text
+from ..skip.session import open_run, resolve_adapter
+from .methods import evaluate_methods, parse_methods
+from .multiple_choice import load_benchmark, mc_accuracy
+from .options import EvalOptions
+from .tables import markdown
+
+
+def check_options(o: EvalOptions) -> None:
+    for name, value in (("window", o.window), ("chunk-size", o.chunk_size), ("sequences", o.sequences),
+                        ("mc-limit", o.mc_limit)):
+        if value is not None and value < 1:
+            raise ReskipError(f"--{name} must be >= 1, got {value}")
+    if o.seq_len is not None and o.seq_len < 8:
+        raise ReskipError(f"--seq-len must be >= 8, got {o.seq_len}")
+
+
+def evaluate_run(run, options: EvalOptions = EvalOptions()) -> tuple[dict, Path]:
+    """Evaluate the run's methods; write results.json and results.md; return (results, folder).
+    Check `margin_violations(results)`: it must be empty."""
+    check_options(options)
+    source = resolve_adapter(run)
+    policy_file = source.policy()
+    parse_methods(options.methods, policy_file, options.seed)  # bad methods fail before anything loads
+    questions = {b: load_benchmark(b, options.mc_limit, options.seed) for b in options.benchmarks}
+    specs = options.data or source.data_specs
+    splits, record = load_splits(specs)
+    if not splits["test"]:
+        raise ReskipError(f"the test split of {specs} is empty")
+    opened = open_run(run, [*options.methods, *(options.mc_methods if questions else [])], model=options.model,
+                      dtype=getattr(torch, options.dtype), window=options.window, seed=options.seed,
+                      trust_remote_code=options.trust_remote_code)
+    model, tok, window = opened.model, opened.tokenizer, opened.window
+    methods = parse_methods(options.methods, policy_file, options.seed)
+    mc_methods = parse_methods(options.mc_methods, policy_file, options.seed) if questions else []
+    seq_len = options.seq_len or source.seq_len
+    data = pack(tok, splits["test"], seq_len, options.sequences, seed=0)
+    print(f"[eval] {len(methods)} methods on {len(data)} test sequences x {seq_len} tokens", flush=True)
+    bar = tqdm(total=len(data), desc="eval", unit="seq", disable=options.quiet)
+    results = evaluate_methods(model, data, methods, window, options.chunk_size, policy_file, options.seed,
+                               progress=lambda i, n: bar.update(1))
+    bar.close()
+    mc = {}
+    for m in mc_methods:
+        for b, qs in questions.items():
+            print(f"[eval] {b} with {m.name} ({len(qs)} questions)", flush=True)
+            mc.setdefault(m.name, {})[b] = mc_accuracy(model, tok, qs, m.policy, window)
+    frontier = [{"method": name, "flops_executed_share": r["flops_executed_share"],
+                 "blocks_executed_share": 1 - r["mean_skipped"] / model.n_blocks, "ppl_ratio": r["ppl_ratio"],
+                 "top1_agreement": r["top1_agreement"]} for name, r in results.items()]
+    out = {
+        "meta": {"adapter": str(source.adapter_dir), "policy": str(source.policy_path) if policy_file else None,
+                 "sequences": len(data), "seq_len": seq_len, "chunk_size": options.chunk_size, "window": window,
+                 "n_blocks": model.n_blocks, "test_split": record["splits"]["test"], "data": specs},
+        "methods": results,
+        "multiple_choice": mc,
+        "frontier": frontier,
+    }
+    folder = Path(options.out) if options.out else source.files.eval_dir
+    atomic_write_json(folder / "results.json", out)
+    atomic_write_text(folder / "results.md", markdown(out))
+    return out, folder
+
+
+def margin_violations(results: dict) -> list[str]:
+    """Methods whose top-1 changed where 2 eps < Delta: impossible unless the skipping code is wrong."""
+    return [n for n, r in results["methods"].items() if r["top1_change_rate_where_margin_holds"] not in (None, 0.0)]

@@ -1,0 +1,63 @@
+"""The diagnose stage (`reskip diagnose RUN`): the depth diagnostics of a trained (and calibrated)
+run -> RUN/diagnostics.json."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..backbones.loading import DEFAULT_BACKBONE
+from ..data.packing import pack
+from ..data.sources import load_splits
+from ..errors import ReskipError
+from ..io_atomic import atomic_write_json
+from ..ar_retrofit.blocks import inclusive_ranges
+from ..skip.session import open_run
+from ..skip.spec import parse_spec
+from ..train.log import last_eval
+from .diagnostics import dilution, memory_table, reading_discipline, routing_health, token_trace
+from .options import DiagnoseOptions
+
+SEED_INSTANCE = {"n_layers": 48, "hidden_size": 4096, "context": 4096, "dtype_bytes": 2, "block_size": 12}
+
+
+def diagnose(run, options: DiagnoseOptions = DiagnoseOptions()) -> Path:
+    for name in ("context", "sequences", "sample_tokens"):
+        if getattr(options, name) < 1:
+            raise ReskipError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(options, name)}")
+    opened = open_run(run, model=options.model)
+    source, model, tok, policy = opened.source, opened.model, opened.tokenizer, opened.policy_file
+    context, sample_tokens = options.context, options.sample_tokens
+    splits, _ = load_splits(source.data_specs)
+    data = pack(tok, splits["test"], source.seq_len, options.sequences, seed=1)
+    cfg = model.base_model.config
+    result = {"model": source.model_name or DEFAULT_BACKBONE, "n_blocks": model.n_blocks,
+              "blocks": inclusive_ranges(model.blocks)}
+    result["dilution"] = dilution(model, data.input_ids)
+    starts = [b.start for b in model.blocks]
+    result["memory"] = {
+        "this_model": [memory_table(cfg.num_hidden_layers, cfg.hidden_size, context, nbytes, starts) | {"dtype": name}
+                       for name, nbytes in (("bfloat16", 2), ("float32", 4))],
+        "seed_instance": memory_table(SEED_INSTANCE["n_layers"], SEED_INSTANCE["hidden_size"], SEED_INSTANCE["context"],
+                                      SEED_INSTANCE["dtype_bytes"], list(range(0, 48, SEED_INSTANCE["block_size"]))),
+    }
+    ev = last_eval(source.files.train_log)
+    mean_alpha = policy.data["mean_alpha"] if policy else None
+    if mean_alpha is None:  # no policy yet: measure mean alpha on the test sequences
+        with torch.no_grad():
+            alphas = model(input_ids=data.input_ids, use_cache=False, output_alphas=True).alphas
+        mean_alpha = {str(n): a.float().mean(dim=(0, 1)).tolist() for n, a in alphas.items()}
+    result["routing_health"] = routing_health(mean_alpha, ev["entropy"] if ev else {})
+    result["mean_alpha"] = mean_alpha
+    if policy is not None:
+        result["reading_discipline"] = reading_discipline(policy)
+        ids = data.input_ids[:1, :sample_tokens]
+        trace = token_trace(model, ids, policy.make(parse_spec("reskip")), policy.data["window"])
+        trace["tokens"] = [tok.decode([int(t)]) for t in ids[0]]
+        trace["tau"] = {str(b["block"]): b["tau"] for b in policy.data["blocks"] if b["tau"] is not None}
+        trace["eligible"] = sorted(policy.eligible())
+        result["sample_trace"] = trace
+    path = Path(options.out) if options.out else source.files.diagnostics
+    atomic_write_json(path, result)
+    return path

@@ -1,0 +1,184 @@
+"""The report's figures: each `fig_*` takes run-file content and returns (title, PNG bytes, caption).
+
+The caption says what the figure measures and what it does not prove. Rendered with matplotlib's
+Agg backend (no display, no network).
+"""
+
+from __future__ import annotations
+
+import io
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from ..train.log import records  # noqa: E402
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+# ---- figures: each returns (title, png bytes, caption) ------------------------------------------
+def fig_training(log):
+    trains, evals = records(log, "train"), records(log, "eval")
+    fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
+    steps = [r["step"] for r in trains]
+    for key in ("loss", "ce", "kl", "entropy"):
+        axes[0].plot(steps, [r[key] for r in trains], label=key)
+    axes[0].set_xlabel("step"); axes[0].set_title("loss terms (train batches)"); axes[0].legend()
+    ax2 = axes[1]
+    ax2.plot(steps, [r["c"] for r in trains], color="tab:orange", label="c(t)")
+    ax2.plot(steps, [r["lr"] / max(r2["lr"] for r2 in trains) for r in trains], color="tab:gray", label="lr / max lr")
+    ax2.set_xlabel("step"); ax2.set_title("gate curriculum c(t) and learning rate"); ax2.legend()
+    if evals:
+        blocks = sorted(evals[-1]["entropy"], key=int)
+        for n in blocks:
+            line, = axes[2].plot([e["step"] for e in evals], [e["entropy"][n] for e in evals], marker="o", label=f"block {n}")
+            axes[2].axhline(evals[-1]["entropy_max"][n], color=line.get_color(), ls=":", lw=0.8)
+        axes[2].set_xlabel("step"); axes[2].set_title("alpha entropy per block (dotted: log n)"); axes[2].legend(fontsize=7)
+    caption = ("Training loss terms per step, the gate curriculum c(t), and the validation entropy of each router's alpha "
+               "against its maximum log n. Measures optimisation progress on this run's data; a falling loss does not "
+               "show that blocks became skippable (see A(n)) or that routing is meaningful (see the ablations).")
+    return "Training curves", _png(fig), caption
+
+
+def fig_routing(mean_alpha, n_blocks):
+    m = np.full((n_blocks - 1, n_blocks), np.nan)
+    for n, row in mean_alpha.items():
+        m[int(n) - 2, : len(row)] = row
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    im = ax.imshow(m, cmap="viridis", vmin=0, vmax=1)
+    ax.set_xticks(range(n_blocks), [f"h{i}" for i in range(n_blocks)])
+    ax.set_yticks(range(n_blocks - 1), [f"block {n}" for n in range(2, n_blocks + 1)])
+    ax.set_xlabel("source state"); ax.set_ylabel("target block (router)")
+    for (i, j), v in np.ndenumerate(m):
+        if not np.isnan(v):
+            ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7, color="w" if v < 0.5 else "k")
+    fig.colorbar(im, ax=ax, label="mean alpha")
+    caption = ("Mean routing weight alpha_{i->n} (source h_i, target block n) on the calibration split. It measures each "
+               "source's influence inside one router, for these tokens; it does not say what a block computes, and the "
+               "residual path carries h_{n-1} whatever alpha says.")
+    return "Routing heatmap", _png(fig), caption
+
+
+def fig_importance(policy):
+    blocks = policy["blocks"]
+    ns = [b["block"] for b in blocks]
+    fig, ax = plt.subplots(figsize=(7.5, 3.8))
+    ax.bar([n - 0.2 for n in ns], [b["A"] for b in blocks], width=0.4, label="A(n) ablation cost", color="tab:red")
+    ax.axhline(1 + policy["delta"], color="tab:red", ls="--", lw=0.8, label=f"1 + delta = {1 + policy['delta']:.2f}")
+    ax.set_yscale("log"); ax.set_xlabel("block"); ax.set_ylabel("A(n) = PPL(block n -> identity) / PPL(full)")
+    ax2 = ax.twinx()
+    ax2.bar([n + 0.2 for n in ns], [b["I"] or 0 for b in blocks], width=0.4, label="I(n) routing importance", color="tab:blue")
+    ax2.set_ylim(0, 1); ax2.set_ylabel("I(n) = max_l E[alpha_{n->l}]")
+    ax.legend(loc="upper left", fontsize=8); ax2.legend(loc="upper right", fontsize=8)
+    caption = ("Ablation cost A(n) beside routing importance I(n), per block, on the calibration split. A(n) is the test "
+               "that can refute 'block n matters'; I(n) alone cannot (a low-routing block may still carry load through "
+               "the residual path). Blocks under the dashed line are eligible for skipping.")
+    return "I(n) vs A(n)", _png(fig), caption
+
+
+def fig_thresholds(policy):
+    routed = [b for b in policy["blocks"] if b.get("histogram")]
+    cols = min(4, len(routed))
+    rows = -(-len(routed) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols, 2.6 * rows), squeeze=False)
+    edges = np.linspace(0, 1, 21)
+    for ax, b in zip(axes.flat, routed):
+        ax.bar(edges[:-1], b["histogram"], width=0.05, align="edge", color="tab:blue" if b["eligible"] else "tab:gray")
+        ax.axvline(b["tau"], color="tab:orange", lw=1.5)
+        ax.set_title(f"block {b['block']} ({'eligible' if b['eligible'] else 'not eligible'})", fontsize=9)
+        ax.set_xlim(0, 1)
+    for ax in list(axes.flat)[len(routed):]:
+        ax.axis("off")
+    fig.supxlabel(f"w_recent(n): mean alpha_(n-1 -> n) over the last {policy['window']} tokens; orange: tau_n "
+                  f"(quantile {policy['quantile']})", fontsize=9)
+    caption = ("Calibration distribution of w_recent(n) per block and the threshold tau_n read off it. A step skips block n "
+               "when w_recent(n) > tau_n, n is eligible and fewer than max_skips blocks were skipped. The distribution is "
+               "a property of the calibration text; other text (another domain or modality) needs recalibration.")
+    return "Thresholds and w_recent distributions", _png(fig), caption
+
+
+def fig_token_view(trace):
+    steps = trace["steps"]
+    tokens = trace["tokens"]
+    eligible = trace["eligible"] or sorted({int(n) for n in trace["tau"]})
+    n = eligible[0] if eligible else int(sorted(trace["tau"], key=int)[len(trace["tau"]) // 2])
+    w = [s["w_recent"].get(str(n)) for s in steps]
+    skipped = [len(s["skipped"]) for s in steps]
+    fig, (ax0, ax1) = plt.subplots(2, 1, figsize=(14, 4.8), gridspec_kw={"height_ratios": [1, 1.3]})
+    ax0.plot(range(len(w)), w, color="k", lw=1)
+    ax0.scatter(range(len(w)), w, c=["tab:orange" if n in s["skipped"] else "k" for s in steps], s=14, zorder=3)
+    ax0.axhline(trace["tau"][str(n)], ls="--", color="tab:orange", label=f"tau_{n}")
+    ax0.set_ylabel(f"w_recent({n})"); ax0.legend(fontsize=8); ax0.set_xlim(-0.5, len(w) - 0.5)
+    cmap = plt.get_cmap("Oranges")
+    top = max(1, max(skipped))
+    x = 0.0
+    for tok_text, k in zip(tokens, skipped):
+        label = tok_text.replace("\n", "\\n") or " "
+        width = max(0.6, 0.13 * len(label))
+        if x + width > 60:
+            break
+        ax1.add_patch(plt.Rectangle((x, 0), width, 1, color=cmap(0.15 + 0.8 * k / top)))
+        ax1.text(x + width / 2, 0.5, label, ha="center", va="center", fontsize=6, rotation=90)
+        x += width
+    ax1.set_xlim(0, max(x, 1)); ax1.set_ylim(0, 1); ax1.axis("off")
+    ax1.set_title("tokens coloured by blocks skipped at their step (darker: more)", fontsize=9)
+    caption = (f"A sample test text decoded one token per step with the ReSkip policy: top, w_recent of block {n} against "
+               f"its threshold (orange dots: steps that skipped it); bottom, each token coloured by how many blocks its "
+               "step skipped. One text, one policy: an illustration of the rule at work, not evidence that skipped "
+               "tokens are 'easy' (the evaluation table measures the cost).")
+    return "Per-token skip view", _png(fig), caption
+
+
+def fig_dilution(d):
+    fig, ax = plt.subplots(figsize=(7.5, 3.8))
+    ax.plot(d["layers"], d["energy_ratio"], marker=".", label="|h0|^2 / |h_l|^2 (measured)")
+    ax.plot(d["layers"], d["cos2"], marker=".", label="cos^2(h0, h_l) (measured)")
+    ax.plot(d["layers"], d["toy_model"], ls="--", color="k", label="toy model 1 / (1 + 0.25 l)")
+    for e in d["block_ends"]:
+        ax.axvline(e, color="gray", lw=0.5, ls=":")
+    ax.set_yscale("log"); ax.set_xlabel("layer l"); ax.set_ylabel("share of h0"); ax.legend(fontsize=8)
+    caption = ("Share of the embedding state h0 in each later residual state of the frozen backbone (mean over test "
+               "tokens, first token excluded), beside the source document's toy model (orthogonal contributions of norm "
+               "0.5). Dotted lines: block boundaries. Measures how diluted h0 is; says nothing about whether later "
+               "layers need it.")
+    return "Dilution of h0", _png(fig), caption
+
+
+def fig_memory(mem):
+    fig, axes = plt.subplots(1, 2, figsize=(12, 3.6))
+    for ax, table, title in ((axes[0], mem["this_model"][0], "this model"), (axes[1], mem["seed_instance"], "48 layers, d=4096 (seed)")):
+        names = [r["granularity"] for r in table["rows"]]
+        ax.barh(names, [r["mib"] for r in table["rows"]], color="tab:green")
+        for i, r in enumerate(table["rows"]):
+            ax.text(r["mib"], i, f" {r['mib']:.1f} MiB ({r['states']} states)", va="center", fontsize=8)
+        ax.set_xscale("log"); ax.set_title(f"{title}: {table['context']} tokens, {table['dtype_bytes']} bytes/value", fontsize=9)
+    caption = ("Memory of keeping depth states (context x d x bytes per state) at each granularity, computed for this model "
+               "and for the source document's 48-layer instance. Coarser granularity costs less and can no longer address "
+               "the states between kept ones (see the table below).")
+    return "Depth-state memory", _png(fig), caption
+
+
+def fig_frontier(results):
+    fig, ax = plt.subplots(figsize=(7.5, 4))
+    groups = {}
+    for f in results["frontier"]:
+        kind = f["method"].split(":")[0]
+        groups.setdefault(kind, []).append(f)
+    for kind, pts in groups.items():
+        pts = sorted(pts, key=lambda p: p["flops_executed_share"])
+        ax.plot([p["flops_executed_share"] for p in pts], [p["ppl_ratio"] for p in pts], marker="o",
+                ls="-" if kind == "reskip" else "", label=kind)
+    ax.set_xlabel("share of layer FLOPs executed"); ax.set_ylabel("perplexity / backbone")
+    ax.invert_xaxis(); ax.legend(fontsize=8)
+    caption = ("Quality against compute on the test split: each point a method or operating point. Lower-left is better. "
+               "FLOPs are not wall-clock (see benchmarks/speed.py); the test split is small, so differences of a few "
+               "percent are within noise.")
+    return "Quality vs blocks executed", _png(fig), caption

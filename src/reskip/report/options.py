@@ -1,0 +1,17 @@
+"""The diagnose stage's options: one typed object whose defaults are the CLI's (no torch here)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class DiagnoseOptions:
+    """context: tokens for the depth-state memory table. sequences: test sequences for dilution.
+    sample_tokens: tokens of the per-token skip trace. model: backbone (None: the run's)."""
+
+    context: int = 4096
+    sequences: int = 4
+    sample_tokens: int = 96
+    model: str | None = None
+    out: str | None = None

@@ -1,0 +1,26 @@
+"""The calibrate stage's options: one typed object, its defaults the CLI's (no torch here, so the
+CLI can read the defaults without loading the library)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class CalibrateOptions:
+    """delta: eligible when A(n) < 1 + delta. quantile: tau_n = this quantile of w_recent(n).
+    window: W, tokens in w_recent. max_skips: M_max, blocks skipped per step at most.
+    sequences x seq_len: calibration data (seq_len None: the run's training seq_len, else 256).
+    data: data specs (None: the run's); the calib split is used. out: policy file (None: RUN/policy.json)."""
+
+    delta: float = 0.2
+    quantile: float = 0.5
+    window: int = 16
+    max_skips: int = 2
+    sequences: int = 32
+    seq_len: int | None = None
+    data: list[str] | None = None
+    model: str | None = None
+    dtype: str = "float32"
+    trust_remote_code: bool = False
+    out: str | None = None

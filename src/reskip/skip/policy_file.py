@@ -1,0 +1,170 @@
+"""`policy.json`: a calibrated skip policy, readable by a person, tied to its backbone and adapter.
+
+Per block: ablation cost A(n), routing importance I(n), ShortGPT cosine similarity between
+block input and output, the threshold tau_n with the quantile it came from and the
+w_recent quantile grid it was read off (so other operating points need no recalibration),
+and eligibility. Plus delta, window, max_skips, the calibration data's fingerprint and
+token count, and the fingerprints of the backbone and the adapter.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import ReskipError
+from ..io_atomic import atomic_write_json
+from ..ar_retrofit.adapter_io import fingerprint
+from ..ar_retrofit.model import ReskipModel
+from .policies import NoSkip, RandomSkip, ReSkip, SkipPolicy, StaticSkip
+from .spec import GRAMMAR, PolicyError, Spec
+
+FORMAT_VERSION = 1
+
+
+def side_channel_digest(model: ReskipModel) -> str:
+    digest = hashlib.sha256()
+    for name, t in sorted(model.side_channel.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(t.detach().float().cpu().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+@dataclass
+class PolicyFile:
+    data: dict
+    path: Path | None = None
+
+    # ---- reading -------------------------------------------------------------------------
+    @classmethod
+    def load(cls, path) -> "PolicyFile":
+        path = Path(path)
+        if not path.is_file():
+            raise PolicyError(f"policy file {path} does not exist; write one with `reskip calibrate`")
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise PolicyError(f"{path} is not valid JSON ({e})") from e
+        policy = cls(data, path)
+        policy.validate()
+        return policy
+
+    def validate(self, n_blocks: int | None = None) -> None:
+        d, where = self.data, self.path or "policy"
+
+        def need(cond, msg):
+            if not cond:
+                raise PolicyError(f"{where}: {msg}")
+
+        for key in ("format_version", "backbone", "adapter", "delta", "quantile", "window", "max_skips", "blocks"):
+            need(key in d, f"missing field {key!r}")
+        need(d["format_version"] == FORMAT_VERSION, f"format_version must be {FORMAT_VERSION}")
+        need(isinstance(d["window"], int) and d["window"] >= 1, f"window must be an integer >= 1, got {d['window']!r}")
+        need(isinstance(d["max_skips"], int) and d["max_skips"] >= 0, f"max_skips must be >= 0, got {d['max_skips']!r}")
+        need(0.0 <= d["quantile"] <= 1.0, f"quantile must lie in [0, 1], got {d['quantile']!r}")
+        need(d["delta"] >= 0, f"delta must be >= 0, got {d['delta']!r}")
+        need(isinstance(d["blocks"], list) and d["blocks"], "blocks must be a non-empty list")
+        seen = set()
+        for b in d["blocks"]:
+            for key in ("block", "A", "eligible", "tau"):
+                need(key in b, f"block entry {b.get('block', '?')} is missing {key!r}")
+            n = b["block"]
+            need(isinstance(n, int) and n >= 1, f"block index {n!r} must be an integer >= 1")
+            need(n not in seen, f"block {n} appears twice")
+            seen.add(n)
+            if n_blocks is not None:
+                need(n <= n_blocks, f"block {n} is beyond this model's {n_blocks} blocks")
+            if b["tau"] is not None:
+                need(0.0 <= b["tau"] <= 1.0, f"tau of block {n} must lie in [0, 1] (a routing weight), got {b['tau']}")
+            need(not (b["eligible"] and b["tau"] is None), f"block {n} is eligible but has no threshold")
+
+    def check_model(self, model: ReskipModel) -> None:
+        """Refuse a model other than the backbone + adapter this policy was calibrated for."""
+        self.validate(model.n_blocks)
+        actual = fingerprint(model.base_model)
+        saved = self.data["backbone"]
+        diffs = [k for k in ("family", "num_layers", "hidden_size", "config_hash", "weights_digest") if saved.get(k) != actual[k]]
+        if diffs:
+            raise PolicyError(f"{self.path}: calibrated for another backbone (differs in {', '.join(diffs)}); recalibrate")
+        if self.data["adapter"].get("side_channel_digest") != side_channel_digest(model):
+            raise PolicyError(f"{self.path}: calibrated for another adapter; run `reskip calibrate` for this one")
+
+    @property
+    def blocks(self) -> dict[int, dict]:
+        return {b["block"]: b for b in self.data["blocks"]}
+
+    def eligible(self) -> set[int]:
+        return {n for n, b in self.blocks.items() if b["eligible"]}
+
+    # ---- policies ----------------------------------------------------------------------------
+    def tau_at(self, n: int, quantile: float) -> float:
+        grid = self.blocks[n].get("w_recent_quantiles")
+        if quantile == self.data["quantile"] or not grid:
+            return self.blocks[n]["tau"]
+        return float(np.interp(quantile, np.linspace(0, 1, len(grid)), grid))
+
+    def reskip(self, quantile: float | None = None, max_skips: int | None = None) -> ReSkip:
+        q = self.data["quantile"] if quantile is None else quantile
+        if not 0.0 <= q <= 1.0:
+            raise PolicyError(f"quantile must lie in [0, 1], got {q}")
+        eligible = self.eligible()
+        return ReSkip(
+            tau={n: self.tau_at(n, q) for n in eligible},
+            eligible=eligible,
+            max_skips=self.data["max_skips"] if max_skips is None else max_skips,
+        )
+
+    def static(self, k: int) -> StaticSkip:
+        """static:k - the k eligible blocks of lowest ablation cost A(n), for every step."""
+        pool = [b for b in self.data["blocks"] if b["eligible"]]
+        if not 0 <= k <= len(pool):
+            raise PolicyError(f"static:{k} needs {k} eligible blocks; eligible: {sorted(self.eligible())}")
+        return StaticSkip({b["block"] for b in sorted(pool, key=lambda b: b["A"])[:k]}, name=f"static:{k}")
+
+    def influence(self, k: int) -> StaticSkip:
+        """influence:k - ShortGPT: the k blocks whose output is most similar to their input
+        (highest mean cosine similarity on the calibration split), eligible or not."""
+        pool = [b for b in self.data["blocks"] if b.get("cos_in_out") is not None]
+        if not 0 <= k <= len(pool):
+            raise PolicyError(f"influence:{k} needs {k} blocks; the policy has {len(pool)}")
+        ranked = sorted(pool, key=lambda b: -b["cos_in_out"])[:k]
+        return StaticSkip({b["block"] for b in ranked}, name=f"influence:{k}")
+
+    def make(self, spec: Spec, seed: int = 0) -> SkipPolicy:
+        """The policy a parsed spec names (`spec.parse_spec`), from this file."""
+        return make_policy(spec, self, seed)
+
+    def save(self, path) -> Path:
+        atomic_write_json(Path(path), self.data)
+        return Path(path)
+
+
+def dense_if_uncalibrated(spec: Spec, policy: PolicyFile | None, where) -> Spec:
+    """Without a policy file every spec but `none` falls back to dense, and says so on stderr."""
+    if policy is None and spec.needs_policy_file:
+        print(f"note: {where} has no policy.json: running dense (no block is skipped). "
+              "Run `reskip calibrate` to make one.", file=sys.stderr)
+        return Spec("none", "none")
+    return spec
+
+
+def make_policy(spec: Spec, policy: PolicyFile | None, seed: int = 0) -> SkipPolicy:
+    """The policy of a parsed spec (policy kinds only: none, reskip, static, influence, random)."""
+    if spec.kind in ("none", "retrofit"):
+        return NoSkip()
+    if not spec.needs_policy_file:
+        raise PolicyError(f"{spec.text!r} is not a skip policy; valid: {GRAMMAR}")
+    if policy is None:
+        raise PolicyError(f"policy {spec.text!r} needs a calibrated policy.json (run `reskip calibrate`)")
+    if spec.kind == "reskip":
+        return policy.reskip(spec.quantile, spec.max_skips)
+    if spec.kind == "static":
+        return policy.static(spec.k)
+    if spec.kind == "influence":
+        return policy.influence(spec.k)
+    return RandomSkip(spec.p, policy.eligible(), seed, name=f"random:{spec.p}")

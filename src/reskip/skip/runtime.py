@@ -1,0 +1,125 @@
+"""The runtime that applies a skip policy step by step.
+
+A step is one forward over new tokens (a prefill, one decode token, or a chunk). Before
+block n runs, its router has produced alpha_{n-1 -> n} for the step's tokens; the runtime
+keeps, per block, the most recent W of these values per sequence (the window may reach
+into earlier steps), forms w_recent(n), and asks the policy whether to skip block n for
+this step. The whole batch shares one decision: w_recent is averaged over the batch's
+sequences (padding excluded), so a skipped block saves compute for every row.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+
+class Decider(Protocol):
+    """What the runtime needs of a policy (`policies.SkipPolicy`)."""
+
+    def skip(self, n: int, w_recent: float, skipped_so_far: int, step: int) -> bool: ...
+
+    def reads_signal(self, n: int) -> bool: ...
+
+
+@dataclass
+class StepTrace:
+    """Which blocks ran at one step. `start` is the position of the step's first token."""
+
+    step: int
+    start: int
+    length: int
+    skipped: list[int] = field(default_factory=list)
+    w_recent: dict[int, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"step": self.step, "start": self.start, "length": self.length, "skipped": self.skipped,
+                "w_recent": {str(k): v for k, v in self.w_recent.items()}}
+
+
+_WHOLE_TRANSFER = 1024  # up to this many alpha values, copy them all rather than slice first
+
+
+class SkipRuntime:
+    """Per-sequence state of a policy: alpha history per block, the step counter, the trace.
+
+    The decision is taken on the host before a block runs, so each router's alpha_{n-1 -> n}
+    for the step comes over once (`tolist`); the history is then a few Python floats per row.
+    This keeps the per-block cost at decode to about one small transfer instead of several
+    tensor ops (the router's overhead budget is a few percent of a decode step). Only the
+    blocks whose signal the policy reads are tracked (ReSkip: the eligible ones), unless
+    `track_all` (diagnostics): the others cost nothing here and have no `w_recent` in the trace.
+    """
+
+    def __init__(self, policy: Decider, window: int, track_all: bool = False):
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        self.policy = policy
+        self.window = window
+        self.track_all = track_all
+        self.tracked: dict[int, bool] = {}  # n -> whether block n's signal is kept
+        self.trace: list[StepTrace] = []
+        self.history: dict[int, list[deque]] = {}  # n -> per row, its W most recent real values
+        self.position = 0
+        self.valid: list[list[bool]] | None = None  # (B, T) real tokens of the current step; None: all real
+        self.valid_shape: tuple[int, int] | None = None
+
+    def reset(self) -> None:
+        self.history, self.position, self.trace = {}, 0, []
+
+    def set_step_mask(self, valid: torch.Tensor | None, new_sequence: bool) -> None:
+        """Called before each forward with the step's (B, T) mask of real tokens (None: all real)."""
+        if new_sequence:
+            self.reset()
+        if valid is None or bool(valid.all()):
+            self.valid, self.valid_shape = None, None
+        else:
+            self.valid, self.valid_shape = valid.tolist(), tuple(valid.shape)
+
+    def begin_step(self, length: int) -> None:
+        self.trace.append(StepTrace(len(self.trace), self.position, length))
+        self.position += length
+
+    def decide(self, n: int, alpha: torch.Tensor | None) -> bool:
+        """alpha: block n's routing weights (B, T, n) for this step's tokens (None for block 1, which
+        has no router); the policy reads alpha_{n-1 -> n}, the last column."""
+        current = self.trace[-1]
+        w = float("nan")
+        if alpha is not None:
+            tracked = self.tracked.get(n)
+            if tracked is None:
+                tracked = self.tracked[n] = self.track_all or self.policy.reads_signal(n)
+            if tracked:
+                w = self._update(n, alpha)
+                current.w_recent[n] = w
+        if self.policy.skip(n, w, len(current.skipped), current.step):
+            current.skipped.append(n)
+            return True
+        return False
+
+    def _update(self, n: int, alpha: torch.Tensor) -> float:
+        """Append this step's alpha_{n-1 -> n} to block n's history; return w_recent averaged over rows.
+
+        Padding positions are left out, so each row's window holds its W most recent real values;
+        a row with none yet does not count, and a batch with none at all gives 0.0.
+        """
+        if alpha.numel() <= _WHOLE_TRANSFER:  # decode: one transfer, no slicing op
+            values = [[a[-1] for a in row] for row in alpha.tolist()]  # B lists of T floats
+        else:
+            values = alpha[..., -1].tolist()
+        valid = self.valid if self.valid_shape == tuple(alpha.shape[:2]) else None
+        rows = self.history.get(n)
+        if rows is None:
+            rows = self.history[n] = [deque(maxlen=self.window) for _ in values]
+        means = []
+        for b, (hist, row) in enumerate(zip(rows, values)):
+            hist.extend(row if valid is None else [v for v, real in zip(row, valid[b]) if real])
+            if hist:
+                means.append(sum(hist) / len(hist))
+        return sum(means) / len(means) if means else 0.0
+
+    def skipped_per_step(self) -> list[int]:
+        return [len(t.skipped) for t in self.trace]

@@ -1,0 +1,60 @@
+"""Scoring with a skip policy (whole text or chunks) and generation under a policy.
+
+Scoring in chunks runs with the exact KV cache of skipped layers; `reskip.ar_retrofit.kv_cache`
+says what "exact" means and holds the cache-free reference (`reference_logits`) that the
+tests compare these runs with.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from .. import compat
+from ..ar_retrofit.model import ReskipModel
+from .policies import SkipPolicy
+from .runtime import StepTrace
+
+
+@torch.no_grad()
+def score(model: ReskipModel, input_ids, policy: SkipPolicy, window: int, chunk_size: int | None = None,
+          attention_mask=None) -> tuple[torch.Tensor, list[StepTrace]]:
+    """Logits (B, T, V) under `policy`: one step for the whole text, or one step per chunk (with a cache)."""
+    with model.skipping(policy, window) as runtime:
+        if chunk_size is None or chunk_size >= input_ids.shape[1]:
+            logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+        else:
+            cache, parts = DynamicCache(), []
+            for lo in range(0, input_ids.shape[1], chunk_size):
+                hi = lo + chunk_size
+                mask = attention_mask[:, :hi] if attention_mask is not None else None
+                out = model(input_ids=input_ids[:, lo:hi], attention_mask=mask, use_cache=True,
+                            **{compat.cache_kwarg(): cache})
+                parts.append(out.logits)
+            logits = torch.cat(parts, dim=1)
+        return logits, list(runtime.trace)
+
+
+@torch.no_grad()
+def generate(model: ReskipModel, input_ids, policy: SkipPolicy, window: int, attention_mask=None, **kwargs):
+    """`generate()` under a policy. Returns (generate output, trace); trace[i] produced new token i."""
+    with model.skipping(policy, window) as runtime:
+        out = model.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+        return out, list(runtime.trace)
+
+
+def generate_text(model: ReskipModel, tokenizer, prompt: str, policy: SkipPolicy, window: int, raw: bool = False,
+                  seed: int = 0, **generate_kwargs) -> tuple[str, list[int]]:
+    """Generate a reply to `prompt` (through the chat template, unless `raw` or the tokenizer has none);
+    returns (the new text, blocks skipped at each step that produced a new token; prefill first)."""
+    if tokenizer.chat_template and not raw:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                             add_generation_prompt=True)
+    else:
+        text = prompt
+    enc = tokenizer(text, return_tensors="pt", add_special_tokens=not tokenizer.chat_template or raw)
+    torch.manual_seed(seed)
+    out, trace = generate(model, enc.input_ids, policy, window, attention_mask=enc.attention_mask,
+                          pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id, **generate_kwargs)
+    new = out[0, enc.input_ids.shape[1]:]
+    return tokenizer.decode(new, skip_special_tokens=True), [len(t.skipped) for t in trace[: len(new)]]

@@ -1,0 +1,128 @@
+"""Opening a run for inference: the one place that turns a run or adapter folder into a model
+with its policy.
+
+The sequence, the same for `reskip generate`, `reskip eval`, `reskip calibrate`, `reskip diagnose`,
+the lm-eval plug-in and `benchmarks/speed.py`: resolve the folder -> read its policy file ->
+fall back to dense where asked (and say so) -> check every spec against the policy file ->
+only then load the backbone and the adapter -> check the policy file against the loaded model ->
+the window (given, else the policy file's, else 16).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from ..backbones.loading import load_backbone
+from ..errors import AdapterError
+from ..ar_retrofit.config import ADAPTER_CONFIG_NAME
+from ..ar_retrofit.model import ReskipModel, load_adapter
+from ..runs import RunFolder
+from ..train.config import TrainConfig
+from .policies import SkipPolicy
+from .policy_file import PolicyFile, dense_if_uncalibrated, make_policy
+from .spec import Spec
+
+DEFAULT_WINDOW = 16
+
+
+@dataclass
+class AdapterSource:
+    """A training run folder (adapter/ + config.yaml) or a bare adapter folder."""
+
+    adapter_dir: Path
+    run_dir: Path | None
+    train_config: TrainConfig | None
+
+    @property
+    def folder(self) -> Path:
+        """Where this source's own files go (policy.json, eval/, diagnostics.json)."""
+        return self.run_dir or self.adapter_dir
+
+    @property
+    def files(self) -> RunFolder:
+        return RunFolder(self.folder)
+
+    @property
+    def policy_path(self) -> Path:
+        return self.files.policy
+
+    def policy(self, path: Path | None = None) -> PolicyFile | None:
+        """The calibrated PolicyFile (at `path`, default the run's policy.json), or None if there is none."""
+        path = path or self.policy_path
+        return PolicyFile.load(path) if path.is_file() else None
+
+    @property
+    def model_name(self) -> str | None:
+        return self.train_config.model if self.train_config else None
+
+    @property
+    def data_specs(self) -> list[str]:
+        return self.train_config.data if self.train_config else ["default"]
+
+    @property
+    def seq_len(self) -> int:
+        """The training sequence length, the default length of calibration and evaluation sequences."""
+        return self.train_config.seq_len if self.train_config else 256
+
+
+def resolve_adapter(path) -> AdapterSource:
+    """A training run folder (with adapter/ and config.yaml) or a bare adapter folder."""
+    path = Path(path)
+    run = RunFolder(path)
+    if (run.adapter / ADAPTER_CONFIG_NAME).is_file():
+        cfg = TrainConfig.from_yaml(run.config.read_text()) if run.config.is_file() else None
+        return AdapterSource(run.adapter, path, cfg)
+    if (path / ADAPTER_CONFIG_NAME).is_file():
+        return AdapterSource(path, None, None)
+    raise AdapterError(f"{path} is neither a run folder (with adapter/) nor an adapter folder (with {ADAPTER_CONFIG_NAME})")
+
+
+def load_retrofitted(source: AdapterSource, model: str | None = None, dtype=torch.float32,
+                     trust_remote_code: bool = False):
+    """(ReskipModel, tokenizer) for the source's adapter on its backbone (or `model`)."""
+    base, tokenizer = load_backbone(model or source.model_name, dtype, trust_remote_code)
+    return load_adapter(base, source.adapter_dir), tokenizer
+
+
+@dataclass
+class InferenceRun:
+    source: AdapterSource
+    model: ReskipModel
+    tokenizer: object
+    policy_file: PolicyFile | None
+    window: int
+    specs: list[Spec] = field(default_factory=list)  # after the dense fallback
+    seed: int = 0
+
+    def policy(self, spec: Spec | None = None) -> SkipPolicy:
+        """The policy of `spec` (default: the first spec opened with) from this run's policy file."""
+        return make_policy(spec or self.specs[0], self.policy_file, self.seed)
+
+
+def open_run(path, specs: Sequence[Spec] = (), *, model: str | None = None, dtype=torch.float32,
+             window: int | None = None, seed: int = 0, trust_remote_code: bool = False,
+             dense_fallback: bool = False, require_policy: bool = False) -> InferenceRun:
+    """Open `path` for inference under `specs` (policies; methods such as `backbone` pass through).
+
+    dense_fallback: without a policy file, specs that need one become `none` (with a note on
+    stderr) instead of an error. require_policy: a missing policy file is an error. A spec given as
+    a policy-file path reads that file instead of the run's policy.json."""
+    source = resolve_adapter(path)
+    explicit = next((Path(s.path) for s in specs if s.path), None)
+    policy_file = PolicyFile.load(explicit) if explicit else source.policy()
+    if require_policy and policy_file is None:
+        policy_file = PolicyFile.load(source.policy_path)  # the error says how to make one
+    if dense_fallback:
+        specs = [dense_if_uncalibrated(s, policy_file, source.adapter_dir) for s in specs]
+    for s in specs:  # a bad spec fails here, before the model loads
+        if s.kind not in ("backbone", "retrofit", "matched"):
+            make_policy(s, policy_file, seed)
+    rm, tokenizer = load_retrofitted(source, model, dtype, trust_remote_code)
+    if policy_file is not None:
+        policy_file.check_model(rm)
+    window = window or (policy_file.data["window"] if policy_file else DEFAULT_WINDOW)
+    return InferenceRun(source, rm, tokenizer, policy_file, window, list(specs), seed)

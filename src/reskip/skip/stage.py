@@ -1,0 +1,56 @@
+"""The calibrate stage: a trained run -> RUN/policy.json (see `calibration`), and its table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..data.packing import pack
+from ..data.sources import load_splits
+from ..errors import ReskipError
+from .calibration import calibrate
+from .options import CalibrateOptions
+from .policy_file import PolicyFile
+from .session import open_run, resolve_adapter
+
+
+def check_options(o: CalibrateOptions) -> None:
+    """Refuse out-of-range options with one clear message, before anything loads."""
+    for name, value, lo, hi in (("delta", o.delta, 0.0, None), ("quantile", o.quantile, 0.0, 1.0),
+                                ("window", o.window, 1, None), ("max-skips", o.max_skips, 0, None),
+                                ("sequences", o.sequences, 1, None), ("seq-len", o.seq_len, 8, None)):
+        if value is not None and (value != value or value < lo or (hi is not None and value > hi)):
+            span = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
+            raise ReskipError(f"--{name} must be {span}, got {value}")
+
+
+def calibrate_run(run, options: CalibrateOptions = CalibrateOptions()) -> tuple[PolicyFile, Path]:
+    """Calibrate the run's adapter on its calibration split; write and return the policy file."""
+    check_options(options)
+    source = resolve_adapter(run)  # the data are read (and an empty split refused) before the model loads
+    source_specs = options.data or source.data_specs
+    splits, record = load_splits(source_specs)
+    if not splits["calib"]:
+        raise ReskipError(f"the calibration split of {source_specs} is empty: give more documents")
+    opened = open_run(run, model=options.model, dtype=getattr(torch, options.dtype),
+                      trust_remote_code=options.trust_remote_code)
+    seq_len = options.seq_len or source.seq_len
+    data = pack(opened.tokenizer, splits["calib"], seq_len, options.sequences, seed=0)
+    print(f"[calibrate] {len(data)} sequences x {seq_len} tokens from the calibration split of {source_specs}", flush=True)
+    policy = calibrate(opened.model, data, options.delta, options.quantile, options.window, options.max_skips,
+                       data_record={"specs": source_specs, "split": "calib", **record["splits"]["calib"]})
+    out = Path(options.out) if options.out else source.policy_path
+    policy.save(out)
+    return policy, out
+
+
+def format_policy(policy: PolicyFile) -> str:
+    lines = [f"ppl(full) on calibration: {policy.data['ppl_full']:.3f}",
+             "block  layers   A(n)     I(n)    cos(x,h)  tau      eligible"]
+    for b in policy.data["blocks"]:
+        tau = "-" if b["tau"] is None else f"{b['tau']:.3f}"
+        imp = "-" if b["I"] is None else f"{b['I']:.3f}"
+        lines.append(f"{b['block']:>5}  {b['layers'][0]:>2}-{b['layers'][1]:<3}  {b['A']:<8.3f} {imp:<7} "
+                     f"{b['cos_in_out']:<9.3f} {tau:<8} {'yes' if b['eligible'] else 'no'}")
+    return "\n".join(lines)

@@ -1,0 +1,73 @@
+"""Training checkpoints: adapter files + optimizer state + step, written atomically.
+
+A checkpoint folder is first written under a temporary name and renamed into place,
+then `checkpoints/latest` is replaced atomically; a run killed at any moment leaves
+the previous checkpoint intact. Trainer state is read with `weights_only=True`:
+tensors and plain containers only, never arbitrary objects.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+
+from ..errors import ReskipError
+from ..io_atomic import atomic_write_text
+from ..ar_retrofit.adapter_io import check_backbone, read_adapter_config, read_adapter_weights, save_adapter
+from ..ar_retrofit.model import ReskipModel
+from ..runs import RunFolder
+
+STATE_NAME = "trainer_state.pt"
+KEEP = 2
+
+
+def checkpoints_dir(run_dir: Path) -> Path:
+    return RunFolder(run_dir).checkpoints
+
+
+def save_checkpoint(run_dir: Path, step: int, model: ReskipModel, optimizer, tokens_seen: int) -> Path:
+    root = checkpoints_dir(run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step-{step:06d}"
+    tmp = root / f".tmp-step-{step:06d}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    save_adapter(model, tmp, metadata={"step": step})
+    state = {
+        "step": step,
+        "tokens_seen": tokens_seen,
+        "optimizer": optimizer.state_dict(),
+        "torch_rng": torch.get_rng_state(),
+    }
+    torch.save(state, tmp / STATE_NAME)
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)
+    atomic_write_text(root / "latest", final.name)
+    for old in sorted(p for p in root.glob("step-*") if p != final)[:-(KEEP - 1) or None]:
+        shutil.rmtree(old)
+    return final
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    pointer = checkpoints_dir(run_dir) / "latest"
+    if not pointer.is_file():
+        return None
+    path = checkpoints_dir(run_dir) / pointer.read_text().strip()
+    return path if (path / STATE_NAME).is_file() else None
+
+
+def load_checkpoint(path: Path, model: ReskipModel, optimizer) -> dict:
+    """Restore side-channel weights and optimizer state in place; returns {'step', 'tokens_seen'}."""
+    cfg = read_adapter_config(path)
+    check_backbone(cfg["backbone"], model.base_model)
+    try:
+        state = torch.load(path / STATE_NAME, weights_only=True)
+        model.side_channel.load_state_dict(read_adapter_weights(path))
+    except Exception as e:  # noqa: BLE001 - any unreadable checkpoint gets the same clear message
+        raise ReskipError(f"checkpoint {path} is unreadable ({type(e).__name__}: {e}); delete it to use an older one") from e
+    optimizer.load_state_dict(state["optimizer"])
+    torch.set_rng_state(state["torch_rng"])
+    return {"step": state["step"], "tokens_seen": state["tokens_seen"]}

@@ -1,0 +1,141 @@
+"""Training configuration: defaults, YAML + flag overrides, and validation before any model loads."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+import yaml
+
+from ..errors import ReskipError
+from ..ar_retrofit.config import RetrofitConfig, reject_unknown_keys
+
+REAL_FIELDS = ("lr", "weight_decay", "warmup_frac", "min_lr_frac", "clip_norm", "lambda_kl", "lambda_ent",
+               "hold_frac", "ramp_end_frac")
+INT_FIELDS = ("seq_len", "steps", "batch_size", "grad_accum", "eval_every", "eval_sequences", "save_every",
+              "log_every", "seed")
+
+
+@dataclass
+class TrainConfig:
+    """Everything a training run needs; written resolved into the run folder as config.yaml.
+
+    batch_size: sequences per optimizer step (global, over processes and accumulation).
+    grad_accum: micro-steps per optimizer step on each process.
+    skip_blocks: blocks the skip branch may draw; None -> every block but the first and the
+        last (which ablation shows are load-bearing on every backbone we measured).
+    hold_frac / ramp_end_frac: c(t) is 0 until hold_frac of training, 1 from ramp_end_frac.
+    """
+
+    model: str | None = None
+    dtype: str = "float32"
+    trust_remote_code: bool = False
+    data: list[str] = field(default_factory=lambda: ["default"])
+    data_weights: dict[str, float] | None = None
+    seq_len: int = 256
+    steps: int = 100
+    batch_size: int = 8
+    grad_accum: int = 1
+    lr: float = 2e-3
+    weight_decay: float = 0.0
+    warmup_frac: float = 0.05
+    min_lr_frac: float = 0.1
+    clip_norm: float = 1.0
+    lambda_kl: float = 1.0
+    lambda_ent: float = 0.01
+    hold_frac: float = 0.02
+    ramp_end_frac: float = 0.3
+    skip_blocks: list[int] | None = None
+    eval_every: int = 25
+    eval_sequences: int = 16
+    save_every: int = 25
+    log_every: int = 1
+    seed: int = 0
+    retrofit: dict = field(default_factory=dict)
+
+    def retrofit_config(self) -> RetrofitConfig:
+        return RetrofitConfig.from_dict(self.retrofit)
+
+    def validate(self, world_size: int = 1) -> None:
+        """Refuse bad values with one clear message (called before any model loads)."""
+
+        def need(cond, msg):
+            if not cond:
+                raise ReskipError(f"bad training config: {msg}")
+
+        # Types first, so that every later comparison is between numbers (a YAML value such as
+        # `nan` or `1e-3x` arrives as a string).
+        for name in REAL_FIELDS:
+            v = getattr(self, name)
+            need(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
+                 f"{name} must be a finite number, got {v!r}")
+        for name in INT_FIELDS:
+            v = getattr(self, name)
+            need(isinstance(v, int) and not isinstance(v, bool), f"{name} must be an integer, got {v!r}")
+        need(isinstance(self.trust_remote_code, bool), f"trust_remote_code must be true or false, got {self.trust_remote_code!r}")
+        need(self.model is None or isinstance(self.model, str), f"model must be a name or path, got {self.model!r}")
+        need(isinstance(self.data, list) and all(isinstance(d, str) for d in self.data),
+             f"data must be a list of data specs, got {self.data!r}")
+        need(self.data_weights is None or (isinstance(self.data_weights, dict) and all(
+            isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w) and w >= 0
+            for w in self.data_weights.values())), f"data_weights must map sources to weights >= 0, got {self.data_weights!r}")
+        need(isinstance(self.retrofit, dict), f"retrofit must be a mapping of retrofit keys, got {self.retrofit!r}")
+        need(self.dtype in ("float32", "bfloat16"), f"dtype must be float32 or bfloat16, got {self.dtype!r}")
+        for name in ("seq_len", "steps", "batch_size", "grad_accum", "eval_sequences", "eval_every", "save_every", "log_every"):
+            v = getattr(self, name)
+            need(isinstance(v, int) and v > 0, f"{name} must be a positive integer, got {v!r}")
+        need(self.seq_len >= 8, f"seq_len must be >= 8, got {self.seq_len}")
+        for name in ("warmup_frac", "min_lr_frac", "hold_frac", "ramp_end_frac"):
+            v = getattr(self, name)
+            need(isinstance(v, (int, float)) and 0.0 <= v <= 1.0, f"{name} must lie in [0, 1], got {v!r}")
+        need(self.hold_frac <= self.ramp_end_frac, "hold_frac must not exceed ramp_end_frac")
+        for name in ("lr", "clip_norm"):
+            need(getattr(self, name) > 0, f"{name} must be > 0")
+        for name in ("weight_decay", "lambda_kl", "lambda_ent"):
+            need(getattr(self, name) >= 0, f"{name} must be >= 0")
+        need(bool(self.data), "data is empty: use ['default'] or files / dataset ids")
+        per_step = world_size * self.grad_accum
+        need(self.batch_size % per_step == 0,
+             f"batch_size {self.batch_size} must be divisible by processes x grad_accum = {per_step}")
+        if self.skip_blocks is not None:
+            need(len(self.skip_blocks) > 0 and all(isinstance(b, int) and b >= 1 for b in self.skip_blocks),
+                 f"skip_blocks must be a non-empty list of block numbers >= 1, got {self.skip_blocks!r}")
+        try:
+            self.retrofit_config()
+        except (ValueError, TypeError) as e:  # the retrofit's own refusal, with its message
+            raise ReskipError(f"bad training config: retrofit: {e}") from e
+
+    def check_against_model(self, model_config, n_blocks: int) -> None:
+        limit = getattr(model_config, "max_position_embeddings", None)
+        if limit is not None and self.seq_len > limit:
+            raise ReskipError(f"seq_len {self.seq_len} exceeds the model's limit of {limit} positions")
+        if self.skip_blocks is not None and max(self.skip_blocks) > n_blocks:
+            raise ReskipError(f"skip_blocks {self.skip_blocks} reach beyond the model's {n_blocks} blocks")
+        if self.skip_blocks is None and n_blocks < 3:
+            raise ReskipError(f"with {n_blocks} blocks there is no middle block to skip: set skip_blocks")
+
+    def drawable_blocks(self, n_blocks: int) -> list[int]:
+        return list(self.skip_blocks) if self.skip_blocks is not None else list(range(2, n_blocks))
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "TrainConfig":
+        reject_unknown_keys(cls, data, "training config", ReskipError)
+        return cls(**data)
+
+    @classmethod
+    def from_yaml(cls, text: str, overrides: dict | None = None) -> "TrainConfig":
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as e:
+            raise ReskipError(f"the config is not valid YAML ({e})") from e
+        if not isinstance(data, dict):
+            raise ReskipError("the config must be a YAML mapping of keys to values")
+        data.update({k: v for k, v in (overrides or {}).items() if v is not None})
+        return cls.from_dict(data)

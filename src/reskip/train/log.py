@@ -1,0 +1,75 @@
+"""`train_log.jsonl`: one JSON record per line, `kind` "train" (a step) or "eval" (validation).
+
+The one writer and the one reader of the log: training appends to it, the summary, the
+diagnostics and the report read it through `read_log`. The log is the source of truth of a run;
+summary.json is derived from it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..io_atomic import atomic_write_text
+
+
+def append_record(path: Path, record: dict) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def truncate_after(path: Path, step: int) -> None:
+    """On resume, drop records after the checkpoint's step so the log reads as one run."""
+    if path.exists():
+        keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
+        atomic_write_text(path, "".join(line + "\n" for line in keep))
+
+
+def read_log(path: Path) -> list[dict] | None:
+    """Every record of the log, or None when there is no log."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def records(log: list[dict] | None, kind: str) -> list[dict]:
+    """The records of one kind ("train" or "eval")."""
+    return [r for r in log or [] if r["kind"] == kind]
+
+
+def last_eval(path: Path) -> dict | None:
+    """The last validation record, or None."""
+    evals = records(read_log(path), "eval")
+    return evals[-1] if evals else None
+
+
+def summarize(path: Path, wall_s: float) -> dict:
+    """First and last evaluation side by side (read from the log only)."""
+    log = read_log(path) or []
+    evals, trains = records(log, "eval"), records(log, "train")
+    first, last = evals[0], evals[-1]
+    return {
+        "steps": trains[-1]["step"] if trains else 0,
+        "tokens_seen": last["tokens_seen"],
+        "wall_s_this_session": wall_s,
+        "ppl_backbone": last["ppl_backbone"],
+        "ppl_full": {"start": first["ppl_full"], "end": last["ppl_full"]},
+        "kl_full": {"start": first["kl_full"], "end": last["kl_full"]},
+        "entropy": {"start": first["entropy"], "end": last["entropy"], "max": last["entropy_max"]},
+        "skip_kl": {"start": first.get("skip_kl"), "end": last.get("skip_kl")},
+    }
+
+
+def format_summary(s: dict) -> str:
+    lines = [
+        f"steps {s['steps']}, tokens {s['tokens_seen']:,}, wall {s['wall_s_this_session']:.0f} s",
+        f"validation perplexity: backbone {s['ppl_backbone']:.3f} | retrofit {s['ppl_full']['start']:.3f} -> "
+        f"{s['ppl_full']['end']:.3f}   KL(backbone||retrofit) {s['kl_full']['end']:.4f}",
+        "block  entropy start -> end (max log n)   skip-branch KL start -> end",
+    ]
+    for n in sorted(s["skip_kl"]["end"] or {}, key=int):
+        e0, e1, em = (s["entropy"][x].get(n) for x in ("start", "end", "max"))
+        ent = f"{e0:.3f} -> {e1:.3f} ({em:.3f})" if e0 is not None else "-  (no router)"
+        lines.append(f"{n:>5}  {ent:<32} {s['skip_kl']['start'][n]:.4f} -> {s['skip_kl']['end'][n]:.4f}")
+    return "\n".join(lines)

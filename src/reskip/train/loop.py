@@ -1,0 +1,170 @@
+"""Training the side-channel: CE(full) + lambda_kl KL(teacher || skip) - lambda_ent H(alpha).
+
+Runs on one process, or data-parallel under `accelerate launch` with no code change.
+Everything that varies per step (c(t), learning rate, drawn block, batch) is a pure
+function of the step and the seed, so a resumed run continues exactly.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+from accelerate import Accelerator
+from tqdm.auto import tqdm
+
+from ..backbones.loading import load_backbone, load_config
+from ..data.packing import Packed, pack
+from ..data.sources import load_splits
+from ..errors import ReskipError
+from ..io_atomic import atomic_write_json, atomic_write_text
+from ..ar_retrofit.blocks import retrofit_blocks
+from ..ar_retrofit.model import ReskipModel, retrofit
+from ..runs import RunFolder
+from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .config import TrainConfig
+from .log import append_record, summarize, truncate_after
+from .objective import RetrofitObjective
+from .schedules import curriculum, drawn_block, learning_rate
+from .validation import evaluate
+
+
+class TrainingDiverged(ReskipError):
+    pass
+
+
+def prepare_data(cfg: TrainConfig, tokenizer, splits) -> tuple[Packed, Packed]:
+    n_train = cfg.steps * cfg.batch_size
+    train = pack(tokenizer, splits["train"], cfg.seq_len, n_train, cfg.seed, cfg.data_weights)
+    if not splits["val"]:
+        raise ReskipError("the validation split is empty: give more documents")
+    val = pack(tokenizer, splits["val"], cfg.seq_len, cfg.eval_sequences, cfg.seed)
+    return train, val
+
+
+def train(
+    cfg: TrainConfig,
+    run_dir: Path,
+    resume: bool = False,
+    on_step_end: Callable[[int, ReskipModel], None] | None = None,
+    show_progress: bool = True,
+) -> dict:
+    """Train into `run_dir` (config.yaml, splits.json, train_log.jsonl, checkpoints/, adapter/, summary.json)."""
+    # cpu=True when there is no GPU: under torchrun this gives gloo data-parallel on CPU processes.
+    accelerator = Accelerator(gradient_accumulation_steps=cfg.grad_accum, cpu=not torch.cuda.is_available())
+    world, rank = accelerator.num_processes, accelerator.process_index
+    cfg.validate(world_size=world)
+    run_dir = Path(run_dir)
+    files = RunFolder(run_dir)
+    log_path = files.train_log
+    splits, record = load_splits(cfg.data)  # cheap; an empty data set fails here, before the model
+    model_config = load_config(cfg.model, cfg.trust_remote_code)
+    rcfg = cfg.retrofit_config()
+    n_blocks = len(retrofit_blocks(model_config.num_hidden_layers, rcfg.block_size, rcfg.boundaries))
+    cfg.check_against_model(model_config, n_blocks)
+    drawable = cfg.drawable_blocks(n_blocks)
+
+    torch.manual_seed(cfg.seed)
+    base, tokenizer = load_backbone(cfg.model, getattr(torch, cfg.dtype), cfg.trust_remote_code)
+    model = retrofit(base, rcfg, seed=cfg.seed)
+    train_data, val_data = prepare_data(cfg, tokenizer, splits)
+    optimizer = torch.optim.AdamW(model.trainable_parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+    start, tokens_seen = 0, 0
+    if resume:
+        ckpt = latest_checkpoint(run_dir)
+        if ckpt is None:
+            raise ReskipError(f"{run_dir} has no checkpoint to resume from")
+        state = load_checkpoint(ckpt, model, optimizer)
+        start, tokens_seen = state["step"], state["tokens_seen"]
+    objective = RetrofitObjective(model, cfg.lambda_kl, cfg.lambda_ent)
+    objective, optimizer = accelerator.prepare(objective, optimizer)
+    main = accelerator.is_main_process
+    if main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(files.config, cfg.to_yaml())
+        record["packed"] = {"train_sequences": len(train_data), "val_sequences": len(val_data), "seq_len": cfg.seq_len}
+        atomic_write_json(files.splits, record)
+        if resume:
+            truncate_after(log_path, start)
+        elif log_path.exists():
+            log_path.unlink()
+
+    def log(rec):
+        if main:
+            append_record(log_path, rec)
+
+    def run_eval(step):
+        if main:
+            model.set_curriculum(curriculum(step, cfg.steps, cfg.hold_frac, cfg.ramp_end_frac))
+            log({"kind": "eval", "step": step, "c": model.side_channel.curriculum, "tokens_seen": tokens_seen,
+                 **evaluate(model, val_data, batch_size=max(1, cfg.batch_size // max(1, cfg.grad_accum)))})
+
+    if start == 0:
+        run_eval(0)
+    micro = cfg.batch_size // (world * cfg.grad_accum)
+    n_train = len(train_data)
+    bar = tqdm(total=cfg.steps, initial=start, disable=not (main and show_progress), desc="train", unit="step")
+    t0 = time.time()
+    for step in range(start, cfg.steps):
+        c = curriculum(step, cfg.steps, cfg.hold_frac, cfg.ramp_end_frac)
+        lr = learning_rate(step, cfg.steps, cfg.lr, cfg.warmup_frac, cfg.min_lr_frac)
+        model.set_curriculum(c)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        k = drawn_block(step, cfg.seed, drawable)
+        # The global batch of this step, the same on every process; data cycles when exhausted.
+        idx = [(step * cfg.batch_size + j) % n_train for j in range(cfg.batch_size)]
+        ids, labels = train_data.input_ids[idx], train_data.labels[idx]
+        n_targets = int((labels[:, 1:] != -100).sum())
+        # Each micro-batch contributes sum / global count; DDP averages over processes and
+        # accelerate divides by grad_accum, hence the factor world * grad_accum.
+        target_scale = world * cfg.grad_accum / max(n_targets, 1)
+        position_scale = world * cfg.grad_accum / ids.numel()
+        totals = torch.zeros(4)
+        for m in range(cfg.grad_accum):
+            lo = (m * world + rank) * micro
+            with accelerator.accumulate(objective):
+                terms = objective(ids[lo : lo + micro], labels[lo : lo + micro], k, target_scale, position_scale)
+                bad = (~torch.isfinite(terms["loss"].detach())).float().reshape(1)
+                if accelerator.reduce(bad, "sum").item() > 0:  # every process stops together
+                    bar.close()
+                    last = latest_checkpoint(run_dir)
+                    raise TrainingDiverged(
+                        f"loss became {terms['loss'].item()} at step {step} (c={c:.3f}, lr={lr:.2e}); the run "
+                        f"stopped. Last good checkpoint: {last or 'none'}. Lower --lr or --lambda-kl and resume."
+                    )
+                accelerator.backward(terms["loss"])
+                if accelerator.sync_gradients:
+                    accelerator.clip_grad_norm_(model.trainable_parameters(), cfg.clip_norm)
+                optimizer.step()
+                optimizer.zero_grad()
+            totals += torch.stack([terms[x].float() for x in ("loss", "ce", "kl", "ent")])
+        totals = accelerator.reduce(totals, "sum") / (world * cfg.grad_accum)
+        tokens_seen += ids.numel()
+        done = step + 1
+        loss, ce, kl, ent = totals.tolist()
+        if done % cfg.log_every == 0 or done == cfg.steps:
+            log({"kind": "train", "step": done, "c": c, "lr": lr, "loss": loss, "ce": ce, "kl": kl,
+                 "entropy": ent, "skip_block": k, "tokens_seen": tokens_seen, "processes": world, "elapsed_s": time.time() - t0})
+        bar.set_postfix(loss=f"{loss:.3f}", ce=f"{ce:.3f}", kl=f"{kl:.3f}", c=f"{c:.2f}")
+        bar.update(1)
+        if done % cfg.eval_every == 0 or done == cfg.steps:
+            run_eval(done)
+        if done % cfg.save_every == 0 or done == cfg.steps:
+            if main:
+                save_checkpoint(run_dir, done, model, optimizer, tokens_seen)
+            accelerator.wait_for_everyone()
+        if on_step_end is not None:
+            on_step_end(done, model)
+    bar.close()
+    summary = {}
+    if main:
+        model.set_curriculum(1.0 if cfg.steps else 0.0)
+        model.save_adapter(files.adapter, metadata={"steps": cfg.steps, "tokens_seen": tokens_seen})
+        summary = summarize(log_path, wall_s=time.time() - t0)
+        atomic_write_json(files.summary, summary)
+    accelerator.wait_for_everyone()
+    return summary

@@ -1,0 +1,55 @@
+"""Validation metrics of a retrofitted model on held-out packed sequences."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..data.packing import Packed
+from ..losses import ce_sum, entropy_per_block, kl_sum
+from ..ar_retrofit.model import ReskipModel
+
+
+@torch.no_grad()
+def evaluate(model: ReskipModel, data: Packed, batch_size: int = 4, skip_kl: bool = True) -> dict:
+    """Perplexity of the full path and the backbone, KL(backbone || full), alpha entropy per block
+    (beside its maximum log n), and the skip-branch KL(backbone || block n as identity) per block."""
+    n_blocks = model.n_blocks
+    sums = {"ce_full": 0.0, "ce_backbone": 0.0, "kl_full": 0.0}
+    ent = {n: 0.0 for n in range(2, n_blocks + 1)}
+    skip = {k: 0.0 for k in range(1, n_blocks + 1)}
+    n_targets, n_positions = 0, 0
+    was_training = model.training
+    model.eval()
+    for i in range(0, len(data), batch_size):
+        ids, labels = data.input_ids[i : i + batch_size], data.labels[i : i + batch_size]
+        with model.side_channel_disabled():
+            teacher = model(input_ids=ids, use_cache=False).logits
+        with model.capturing() as captured:
+            full = model(input_ids=ids, use_cache=False, output_alphas=True)
+            cap = captured()
+        sums["ce_full"] += ce_sum(full.logits, labels).item()
+        sums["ce_backbone"] += ce_sum(teacher, labels).item()
+        sums["kl_full"] += kl_sum(teacher, full.logits).item()
+        positions = ids.numel()
+        for n, h in entropy_per_block(full.alphas).items():
+            ent[n] += h * positions
+        if skip_kl:
+            for k in skip:
+                with model.replaying(cap, k):
+                    skip[k] += kl_sum(teacher, model(input_ids=ids, use_cache=False).logits).item()
+        n_targets += int((labels[:, 1:] != -100).sum())
+        n_positions += positions
+    model.train(was_training)
+    out = {
+        "ppl_full": math.exp(sums["ce_full"] / n_targets),
+        "ppl_backbone": math.exp(sums["ce_backbone"] / n_targets),
+        "kl_full": sums["kl_full"] / n_positions,
+        "entropy": {str(n): v / n_positions for n, v in ent.items()},
+        "entropy_max": {str(n): math.log(n) for n in ent},
+        "tokens": n_positions,
+    }
+    if skip_kl:
+        out["skip_kl"] = {str(k): v / n_positions for k, v in skip.items()}
+    return out
