@@ -115,3 +115,28 @@ def test_failed_save_leaves_previous_files_intact(tmp_path, monkeypatch):
         rm.save_adapter(path)
     assert (path / WEIGHTS_NAME).read_bytes() == before
     assert sorted(os.listdir(path)) == [CONFIG_NAME, WEIGHTS_NAME]
+
+
+def test_blocks_are_written_as_inclusive_layer_ranges(tmp_path):
+    path, _ = trained_adapter(tmp_path)  # 6 layers in blocks of 2
+    cfg = json.loads((path / CONFIG_NAME).read_text())
+    assert cfg["format_version"] == 2 and cfg["blocks"] == [[0, 1], [2, 3], [4, 5]]
+
+
+def test_an_adapter_written_before_inclusive_ranges_still_loads(tmp_path):
+    """Format 1 wrote blocks as [start, stop); it loads unchanged and reads back as [first, last]."""
+    from reskip.ar_retrofit.adapter_io import read_adapter_config
+
+    path, logits = trained_adapter(tmp_path)
+    cfg = json.loads((path / CONFIG_NAME).read_text())
+    cfg["format_version"], cfg["blocks"] = 1, [[0, 2], [2, 4], [4, 6]]
+    (path / CONFIG_NAME).write_text(json.dumps(cfg))
+    assert read_adapter_config(path)["blocks"] == [[0, 1], [2, 3], [4, 5]]
+    rm = load_adapter(tiny_model("llama"), path)
+    ids, mask = batch()
+    with torch.no_grad():
+        assert torch.equal(rm(input_ids=ids, attention_mask=mask).logits, logits)
+    cfg["format_version"] = 99
+    (path / CONFIG_NAME).write_text(json.dumps(cfg))
+    with pytest.raises(AdapterError, match="format_version"):
+        load_adapter(tiny_model("llama"), path)

@@ -44,3 +44,16 @@ def test_config_round_trip_and_unknown_keys():
     assert RetrofitConfig.from_dict(cfg.to_dict()) == cfg
     with pytest.raises(ValueError, match="unknown"):
         RetrofitConfig.from_dict({"block_sise": 3})
+
+
+def test_a_retrofit_needs_two_blocks():
+    from conftest import tiny_model
+    from reskip import ReskipError, retrofit
+    from reskip.ar_retrofit.blocks import retrofit_blocks
+
+    assert len(retrofit_blocks(6, 3)) == 2
+    for kwargs in ({"block_size": 6}, {"block_size": 100}):
+        with pytest.raises(ReskipError, match="at least two blocks"):
+            retrofit(tiny_model("llama"), RetrofitConfig(**kwargs))
+    with pytest.raises(ValueError, match="at least two blocks"):  # also a ValueError, for library callers
+        retrofit_blocks(6, 6)

@@ -124,6 +124,15 @@ def test_speed_benchmark_on_a_random_config(tmp_path, capsys):
         _speed_benchmark().main([*argv, "--static-k", "2"])
 
 
+def test_speed_benchmark_refuses_bad_input_in_one_line(capsys, tmp_path):
+    for argv in ([], ["--adapter", str(tmp_path)], ["--random-config", "no-such-arch"],
+                 ["--adapter", str(tmp_path), "--random-config", "Qwen3-4B"]):
+        with pytest.raises(SystemExit) as e:
+            _speed_benchmark().main(argv)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and len(err) == 1 and "error" in err[0], (argv, err)
+
+
 def test_step_interleaved_overhead_times_the_retrofit_against_the_bare_backbone(monkeypatch):
     """A cost put into the retrofit's passes only must show in the ratio; timing the same model twice
     would give 0. The clock is a fake one (each reading advances it by 10 ms; the retrofit's block 1

@@ -28,7 +28,7 @@ from .skip.stage import calibrate_run, format_policy
 from .train.checkpoint import latest_checkpoint
 from .train.config import TrainConfig
 from .train.log import format_summary
-from .train.loop import train
+from .train.loop import check_against_backbone, train
 
 STAGES = ("parity", "train", "calibrate", "eval", "diagnose", "report")
 RETROFIT_KEYS = ("block_size", "rank", "boundaries")
@@ -63,7 +63,9 @@ class PipelineConfig:
             raise ReskipError(f"unknown preset {self.preset!r}; valid: {', '.join(PRESETS)}")
         if not self.delta >= 0:
             raise ReskipError(f"--delta must be >= 0, got {self.delta}")
-        self.train_config().validate()
+        cfg = self.train_config()
+        cfg.validate()
+        check_against_backbone(cfg)  # the backbone's config only: a bad partition fails before any weights load
 
     def train_config(self) -> TrainConfig:
         values = {**PRESETS[self.preset]["train"], **self.overrides}

@@ -13,6 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from .. import compat
 from ..errors import ModelNotFoundError
@@ -31,8 +32,6 @@ def shipped_architectures() -> dict[str, str]:
 
 def architecture_config(name_or_path: str):
     """A transformers config from a shipped name, a config.json, or a model folder (no weights)."""
-    from transformers import AutoConfig
-
     shipped = shipped_architectures()
     path = Path(name_or_path).expanduser()
     if name_or_path.lower() in shipped:
@@ -99,13 +98,11 @@ class ParamReport:
 
 def count_params(config, retrofit_config: RetrofitConfig, name: str = "") -> ParamReport:
     """Backbone parameters on the meta device, side-channel parameters by building it."""
-    from transformers import AutoModelForCausalLM
-
+    blocks = retrofit_blocks(config.num_hidden_layers, retrofit_config.block_size, retrofit_config.boundaries)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     # parameters() de-duplicates tied weights (embeddings shared with the LM head).
     backbone = sum(p.numel() for p in model.parameters())
-    blocks = retrofit_blocks(config.num_hidden_layers, retrofit_config.block_size, retrofit_config.boundaries)
     with torch.device("meta"):
         side = SideChannel(config.hidden_size, len(blocks), retrofit_config)
     new = sum(p.numel() for p in side.parameters())

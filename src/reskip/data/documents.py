@@ -108,7 +108,7 @@ def check_messages(messages: list, where: str) -> list[dict]:
 def read_hf_dataset(name: str, split: str = "train") -> list[Document]:
     """A Hugging Face dataset id (needs `datasets` and either the network or its local cache)."""
     try:
-        import datasets
+        import datasets  # lazy: optional (installed by the user for hub dataset ids), and heavy
     except ImportError as e:
         raise ReskipError(f"reading the dataset {name!r} needs `pip install datasets`") from e
     try:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import reskip_lm_eval_hook
 import torch
+from lm_eval.__main__ import cli_evaluate
 from lm_eval.models.huggingface import HFLM
 
 from ..skip.session import open_run
@@ -51,8 +52,6 @@ class ReskipLM(HFLM):
 
 def main() -> None:
     """`reskip-lm-eval`: the harness's CLI with the `reskip` model registered."""
-    from lm_eval.__main__ import cli_evaluate
-
     cli_evaluate()  # the name "reskip" was registered when this module was imported
 
 

@@ -44,6 +44,15 @@ def prepare_data(cfg: TrainConfig, tokenizer, splits) -> tuple[Packed, Packed]:
     return train, val
 
 
+def check_against_backbone(cfg: TrainConfig) -> int:
+    """Check the config against the backbone's own config (no weights load); returns the block count."""
+    model_config = load_config(cfg.model, cfg.trust_remote_code)
+    rcfg = cfg.retrofit_config()
+    n_blocks = len(retrofit_blocks(model_config.num_hidden_layers, rcfg.block_size, rcfg.boundaries))
+    cfg.check_against_model(model_config, n_blocks)
+    return n_blocks
+
+
 def train(
     cfg: TrainConfig,
     run_dir: Path,
@@ -60,10 +69,8 @@ def train(
     files = RunFolder(run_dir)
     log_path = files.train_log
     splits, record = load_splits(cfg.data)  # cheap; an empty data set fails here, before the model
-    model_config = load_config(cfg.model, cfg.trust_remote_code)
+    n_blocks = check_against_backbone(cfg)
     rcfg = cfg.retrofit_config()
-    n_blocks = len(retrofit_blocks(model_config.num_hidden_layers, rcfg.block_size, rcfg.boundaries))
-    cfg.check_against_model(model_config, n_blocks)
     drawable = cfg.drawable_blocks(n_blocks)
 
     torch.manual_seed(cfg.seed)
