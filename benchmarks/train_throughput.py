@@ -24,7 +24,7 @@ import torch
 from reskip import RetrofitConfig, load_backbone, retrofit
 from reskip.data.packing import pack
 from reskip.data.sources import load_splits
-from reskip.training import RetrofitObjective
+from reskip.train.objective import RetrofitObjective
 
 
 def timed(fn, repeats: int) -> float:
