@@ -21,11 +21,10 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see: {self.prog} --help)\n")
 
 
-def model_flags(p: argparse.ArgumentParser, trust: bool = True, dtype: bool = False) -> None:
+def model_flags(p: argparse.ArgumentParser, dtype: bool = False) -> None:
     p.add_argument("--model", default=None, help="HF id, local folder or .gguf; default: the run's, else the "
                                                  "bundled SmolLM2-135M-Instruct")
-    if trust:
-        p.add_argument("--trust-remote-code", action="store_true", help="allow the model's own Python code to run")
+    p.add_argument("--trust-remote-code", action="store_true", help="allow the model's own Python code to run")
     if dtype:
         p.add_argument("--dtype", choices=DTYPES, default="float32")
 
