@@ -22,7 +22,8 @@ def pipeline_run(tmp_path_factory):
     corpus = write_corpus(tmp / "corpus", n_docs=300)
     run = tmp / "run"
     args = ["run", "--out", str(run), "--preset", "quick", "--model", str(model), "--data", str(corpus),
-            "--steps", "4", "--seq-len", "16", "--batch-size", "2", "--block-size", "2", "--rank", "8"]
+            "--steps", "4", "--seq-len", "16", "--batch-size", "2", "--block-size", "2", "--rank", "8",
+            "--delta", "100"]  # every routed block eligible, so the signal test has blocks to test
     assert main(args) == 0
     return run, args
 
@@ -41,6 +42,12 @@ def test_pipeline_writes_every_stage(pipeline_run):
     assert seed["every layer"]["mib"] == pytest.approx(49 * 32) and seed["per block (this retrofit)"]["mib"] == pytest.approx(5 * 32)
     assert {r["block"] for r in d["routing_health"]} == {2, 3}
     assert len(d["sample_trace"]["steps"]) == len(d["sample_trace"]["tokens"])
+    assert all("w_recent_range" in r for r in d["routing_health"]) and set(d["signal_health"]["blocks"]) == {"2", "3"}
+    st = d["signal_test"]
+    assert {(r["block"], r["p"]) for r in st["blocks"]} == {(n, p) for n in (2, 3) for p in (0.25, 0.5)}
+    assert st["sequences"] == 4 and st["sentence"] and all(r["A"] > 0 for r in st["blocks"])
+    policy = json.loads((run / "policy.json").read_text())
+    assert all("signal" in b for b in policy["blocks"] if b["block"] >= 2)
 
 
 def test_resume_skips_finished_stages_and_refuses_reuse(pipeline_run, capsys):

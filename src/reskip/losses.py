@@ -67,3 +67,10 @@ def entropy_sum(alphas: dict) -> torch.Tensor:
 def entropy_per_block(alphas: dict) -> dict[int, float]:
     """Mean entropy of alpha per block (over all tokens)."""
     return {n: float(token_entropy(a).mean()) for n, a in alphas.items()}
+
+
+def ce_tokens(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy per position (B, T); 0 where there is no labelled target (like `ce_sum`)."""
+    targets = F.pad(labels[:, 1:], (0, 1), value=-100)  # (B, T): position t predicts token t+1
+    ce = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100, reduction="none")
+    return ce.view(targets.shape)

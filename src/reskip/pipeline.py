@@ -39,10 +39,10 @@ PRESETS = {
     "quick": {"train": {"steps": 30, "batch_size": 4, "seq_len": 128, "eval_every": 10, "save_every": 10,
                         "eval_sequences": 4},
               "calibrate": {"sequences": 8}, "eval": {"sequences": 4, "mc_limit": 10, "chunk_size": 32},
-              "diagnose": {"sequences": 2, "sample_tokens": 64}},
+              "diagnose": {"sequences": 2, "sample_tokens": 64, "signal_sequences": 4}},
     # The default recipe (TrainConfig defaults): about an hour of training on a 2-core CPU.
     "standard": {"train": {}, "calibrate": {"sequences": 32}, "eval": {"sequences": 16, "mc_limit": 50, "chunk_size": 32},
-                 "diagnose": {"sequences": 4, "sample_tokens": 96}},
+                 "diagnose": {"sequences": 4, "sample_tokens": 96, "signal_sequences": 8}},
 }
 
 

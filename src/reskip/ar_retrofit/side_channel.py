@@ -194,6 +194,10 @@ class SideChannel(nn.Module):
     def block(self, n: int) -> BlockSideChannel:
         return self.per_block[str(n)]
 
+    def routers(self) -> list[DepthRouter]:
+        """The depth routers of blocks 2..N, in order."""
+        return [m for m in self.modules() if isinstance(m, DepthRouter)]
+
     def pass_tensors(self) -> list[BlockTensors | None]:
         """Every block's tensors for one pass, indexed by n (None for n = 0, 1). While autograd is off
         the list is kept whole, under one key over every block's parameters and c(t): one check per

@@ -15,17 +15,28 @@ def cmd_diagnose(args) -> int:
     from ..report.diagnose import diagnose  # lazy: torch
 
     path = diagnose(args.run, DiagnoseOptions(context=args.context, sequences=args.sequences,
-                                              sample_tokens=args.sample_tokens, model=args.model))
+                                              sample_tokens=args.sample_tokens, signal_sequences=args.signal_sequences,
+                                              model=args.model))
     d = json.loads(path.read_text())
     print("routing health:")
     for r in d["routing_health"]:
         ratio = "-" if r["entropy_ratio"] is None else f"{r['entropy_ratio']:.2f}"
-        print(f"  block {r['block']}: H/log n = {ratio}, alpha on h_(n-1) = {r['alpha_on_prev']:.2f}  {r['status']}")
+        spread = (f", w_recent 5-95% {r['w_recent_p05']:.3f}-{r['w_recent_p95']:.3f}" if "w_recent_p05" in r else "")
+        print(f"  block {r['block']}: H/log n = {ratio}, alpha on h_(n-1) = {r['alpha_on_prev']:.2f}{spread}  {r['status']}")
     dil = d["dilution"]
     print(f"dilution: cos^2(h0, h_L) = {dil['cos2'][-1]:.4f}, |h0|^2/|h_L|^2 = {dil['energy_ratio'][-1]:.4f} "
           f"(toy model {dil['toy_model'][-1]:.4f})")
     if "reading_discipline" in d:
         print(f"Spearman(I, A) = {d['reading_discipline']['spearman_I_vs_A']}")
+    if "signal_test" in d:
+        st = d["signal_test"]
+        print(f"signal test ({st['sequences']} test sequences; perplexity / full, block n skipped at a fraction p of positions):")
+        print("  block  p     signal  reverse random  oracle  signal-random [95% CI]      verdict")
+        for r in st["blocks"]:
+            q, diff = r["ppl_ratio"], r["signal_minus_random"]
+            print(f"  {r['block']:>5}  {r['p']:<4}  {q['signal']:.3f}   {q['reverse']:.3f}   {q['random']:.3f}   "
+                  f"{q['oracle']:.3f}   {diff['mean']:+.3f} [{diff['lo']:+.3f}, {diff['hi']:+.3f}]   {r['verdict']}")
+        print(f"  {st['sentence']}")
     print(f"wrote {path}")
     return 0
 
@@ -49,6 +60,8 @@ def register(sub) -> None:
     p.add_argument("--context", type=int, default=d.context, help="context length for the memory table")
     p.add_argument("--sequences", type=int, default=d.sequences, help="test sequences for dilution")
     p.add_argument("--sample-tokens", type=int, default=d.sample_tokens, help="tokens of the per-token skip trace")
+    p.add_argument("--signal-sequences", type=int, default=d.signal_sequences,
+                   help=f"test sequences of the signal test (0: skip it; default {d.signal_sequences})")
     p.set_defaults(func=cmd_diagnose)
 
     p = sub.add_parser("report", help="self-contained HTML report of a run (reads run files only)")

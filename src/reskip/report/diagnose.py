@@ -13,7 +13,10 @@ from ..data.sources import load_splits
 from ..errors import ReskipError
 from ..io_atomic import atomic_write_json
 from ..ar_retrofit.blocks import inclusive_ranges
-from ..skip.session import open_run
+from ..skip.calibration import sliding_mean
+from ..skip.session import DEFAULT_WINDOW, open_run
+from ..skip.signal import signal_health
+from ..skip.signal_test import signal_test
 from ..skip.spec import parse_spec
 from ..train.log import last_eval
 from .diagnostics import dilution, memory_table, reading_discipline, routing_health, token_trace
@@ -23,8 +26,8 @@ SEED_INSTANCE = {"n_layers": 48, "hidden_size": 4096, "context": 4096, "dtype_by
 
 
 def diagnose(run, options: DiagnoseOptions = DiagnoseOptions()) -> Path:
-    for name in ("context", "sequences", "sample_tokens"):
-        if getattr(options, name) < 1:
+    for name in ("context", "sequences", "sample_tokens", "signal_sequences"):
+        if getattr(options, name) < (0 if name == "signal_sequences" else 1):
             raise ReskipError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(options, name)}")
     opened = open_run(run, model=options.model)
     source, model, tok, policy = opened.source, opened.model, opened.tokenizer, opened.policy_file
@@ -43,12 +46,17 @@ def diagnose(run, options: DiagnoseOptions = DiagnoseOptions()) -> Path:
                                       SEED_INSTANCE["dtype_bytes"], list(range(0, 48, SEED_INSTANCE["block_size"]))),
     }
     ev = last_eval(source.files.train_log)
+    window = policy.data["window"] if policy else DEFAULT_WINDOW
+    with torch.no_grad():  # the routing on the test sequences: spread per block, and mean alpha without a policy
+        alphas = model(input_ids=data.input_ids, use_cache=False, output_alphas=True).alphas
+    signal = {str(n): signal_health(a[..., -1].float().flatten().numpy(),
+                                    sliding_mean(a[..., -1].float(), window).flatten().numpy())
+              for n, a in alphas.items()}
     mean_alpha = policy.data["mean_alpha"] if policy else None
-    if mean_alpha is None:  # no policy yet: measure mean alpha on the test sequences
-        with torch.no_grad():
-            alphas = model(input_ids=data.input_ids, use_cache=False, output_alphas=True).alphas
+    if mean_alpha is None:
         mean_alpha = {str(n): a.float().mean(dim=(0, 1)).tolist() for n, a in alphas.items()}
-    result["routing_health"] = routing_health(mean_alpha, ev["entropy"] if ev else {})
+    result["routing_health"] = routing_health(mean_alpha, ev["entropy"] if ev else {}, signal)
+    result["signal_health"] = {"split": "test", "sequences": len(data), "window": window, "blocks": signal}
     result["mean_alpha"] = mean_alpha
     if policy is not None:
         result["reading_discipline"] = reading_discipline(policy)
@@ -58,6 +66,14 @@ def diagnose(run, options: DiagnoseOptions = DiagnoseOptions()) -> Path:
         trace["tau"] = {str(b["block"]): b["tau"] for b in policy.data["blocks"] if b["tau"] is not None}
         trace["eligible"] = sorted(policy.eligible())
         result["sample_trace"] = trace
+        eligible = sorted(policy.eligible())
+        if eligible and options.signal_sequences:
+            test = pack(tok, splits["test"], source.seq_len, options.signal_sequences, seed=0)  # eval's sequences
+            st = signal_test(model, test, eligible, window)
+            by_block = {b["block"]: b for b in policy.data["blocks"]}
+            for row in st["blocks"]:  # beside I(n) and A(n), as the report shows them
+                row.update(A=by_block[row["block"]]["A"], I=by_block[row["block"]]["I"])
+            result["signal_test"] = st
     path = Path(options.out) if options.out else source.files.diagnostics
     atomic_write_json(path, result)
     return path

@@ -72,8 +72,13 @@ def memory_table(n_layers: int, hidden_size: int, context: int, dtype_bytes: int
             "n_layers": n_layers, "rows": rows}
 
 
-def routing_health(mean_alpha: dict, entropy: dict) -> list[dict]:
-    """Per block: entropy vs log n; flat (near uniform) and collapsed (near one-hot on n-1) are failures."""
+def routing_health(mean_alpha: dict, entropy: dict, signal: dict | None = None) -> list[dict]:
+    """Per block: entropy vs log n, where the weight goes, and whether alpha depends on the input.
+
+    Failures, in this order: FLAT (near uniform), COLLAPSED (near one-hot, on h_{n-1}: the standard
+    residual rebuilt, or on an earlier state, which leaves w_recent at zero so ReSkip never skips),
+    INPUT-INDEPENDENT (`skip.signal`: w_recent hardly moves from token to token). signal: block ->
+    `signal_health` (str keys), measured on the caller's tokens."""
     out = []
     for n_str, alpha in sorted(mean_alpha.items(), key=lambda kv: int(kv[0])):
         n = int(n_str)
@@ -81,13 +86,25 @@ def routing_health(mean_alpha: dict, entropy: dict) -> list[dict]:
         hmax = math.log(n)
         ratio = h / hmax if h is not None else None
         prev = alpha[-1]
+        top = max(range(len(alpha)), key=lambda i: alpha[i])
+        health = (signal or {}).get(n_str)
         status = "ok"
         if ratio is not None and ratio >= FLAT:
             status = "FLAT: near-uniform routing retrieves nothing the residual does not"
-        elif prev >= COLLAPSED or (ratio is not None and ratio <= 1 - COLLAPSED):
+        elif prev >= COLLAPSED:
             status = "COLLAPSED: one-hot on h_{n-1}, the standard residual rebuilt"
-        out.append({"block": n, "entropy": h, "entropy_max": hmax, "entropy_ratio": ratio,
-                    "alpha_on_prev": prev, "status": status})
+        elif alpha[top] >= COLLAPSED or (ratio is not None and ratio <= 1 - COLLAPSED):
+            status = (f"COLLAPSED onto an earlier state: {alpha[top]:.2f} on h_{top}, so w_recent stays near "
+                      f"{prev:.2f} and ReSkip would never skip block {n}")
+        elif health is not None and health["status"] != "ok":
+            status = health["status"]
+        row = {"block": n, "entropy": h, "entropy_max": hmax, "entropy_ratio": ratio,
+               "alpha_on_prev": prev, "top_source": top, "alpha_on_top": alpha[top], "status": status}
+        if health is not None:
+            row.update(alpha_prev_std=health["alpha_prev"]["std"], w_recent_std=health["w_recent"]["std"],
+                       w_recent_p05=health["w_recent"]["p05"], w_recent_p95=health["w_recent"]["p95"],
+                       w_recent_range=health["w_recent"]["range"])
+        out.append(row)
     return out
 
 

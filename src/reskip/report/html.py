@@ -16,8 +16,8 @@ from pathlib import Path
 from ..io_atomic import atomic_write, atomic_write_text
 from ..runs import RunFolder
 from ..train.log import read_log
-from .figures import (fig_dilution, fig_frontier, fig_importance, fig_memory, fig_routing, fig_thresholds,
-                      fig_token_view, fig_training)
+from .figures import (fig_dilution, fig_frontier, fig_importance, fig_memory, fig_routing, fig_signal_test,
+                      fig_thresholds, fig_token_view, fig_training)
 
 
 def _load(path: Path):
@@ -103,7 +103,22 @@ def build_report(run_dir: Path, out: Path | None = None) -> Path:
         add_figure(fig_memory(diag["memory"]))
         sections.append("<h3>What each granularity can no longer address</h3>"
                         + _table(diag["memory"]["this_model"][0]["rows"], ["granularity", "states", "mib", "not_addressable", "cannot_ask"]))
-        sections.append("<h3>Routing health</h3>" + _table(diag["routing_health"], ["block", "entropy", "entropy_max", "entropy_ratio", "alpha_on_prev", "status"]))
+        sections.append("<h3>Routing health</h3>" + _table(diag["routing_health"], [
+            "block", "entropy", "entropy_max", "entropy_ratio", "alpha_on_prev", "top_source", "alpha_prev_std",
+            "w_recent_p05", "w_recent_p95", "w_recent_range", "status"])
+            + "<p>Spread of alpha_{n-1->n} and w_recent(n) over the test tokens. FLAT, COLLAPSED (on h_{n-1} or an "
+              "earlier state) and INPUT-INDEPENDENT (w_recent's 5-95% range under 0.02) are failures of the "
+              "routing, not successes.</p>")
+        st = diag.get("signal_test")
+        if st:
+            add_figure(fig_signal_test(st))
+            rows = [{"block": r["block"], "A": r.get("A"), "I": r.get("I"), "p": r["p"],
+                     **{f"ppl/full {c}": v for c, v in r["ppl_ratio"].items()},
+                     "signal - random": r["signal_minus_random"]["mean"], "95% CI": [r["signal_minus_random"]["lo"],
+                                                                                      r["signal_minus_random"]["hi"]],
+                     "captured of oracle headroom": r["captured_share"], "verdict": r["verdict"]} for r in st["blocks"]]
+            sections.append(_table(rows, list(rows[0])) + "<p><b>What this licenses:</b> "
+                            + html.escape(st["sentence"]) + "</p>")
         rd = diag.get("reading_discipline")
         if rd:
             sections.append("<h3>Reading discipline</h3><p>" + html.escape(

@@ -8,10 +8,12 @@ from dataclasses import dataclass
 @dataclass
 class DiagnoseOptions:
     """context: tokens for the depth-state memory table. sequences: test sequences for dilution.
-    sample_tokens: tokens of the per-token skip trace. model: backbone (None: the run's)."""
+    sample_tokens: tokens of the per-token skip trace. signal_sequences: test sequences of the signal
+    test (0: not run). model: backbone (None: the run's)."""
 
     context: int = 4096
     sequences: int = 4
     sample_tokens: int = 96
+    signal_sequences: int = 8
     model: str | None = None
     out: str | None = None

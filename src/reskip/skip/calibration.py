@@ -22,6 +22,7 @@ from ..ar_retrofit.adapter_io import fingerprint
 from ..ar_retrofit.blocks import inclusive_ranges
 from ..ar_retrofit.model import ReskipModel
 from .policy_file import FORMAT_VERSION, PolicyFile, side_channel_digest
+from .signal import signal_health
 
 GRID = 101  # w_recent quantiles stored per block: 0%, 1%, ..., 100%
 
@@ -45,6 +46,7 @@ def calibrate(model: ReskipModel, data: Packed, delta: float = 0.2, quantile: fl
     alpha_sum = {n: torch.zeros(n) for n in range(2, n_blocks + 1)}  # E[alpha_{i -> n}] numerators
     cos_sum = {k: 0.0 for k in range(1, n_blocks + 1)}
     w_values: dict[int, list[torch.Tensor]] = {n: [] for n in range(2, n_blocks + 1)}
+    prev_values: dict[int, list[torch.Tensor]] = {n: [] for n in range(2, n_blocks + 1)}  # alpha_{n-1 -> n} per token
     positions = 0
     was_training = model.training
     model.eval()
@@ -59,6 +61,7 @@ def calibrate(model: ReskipModel, data: Packed, delta: float = 0.2, quantile: fl
         for n, alpha in full.alphas.items():  # (B, T, n)
             alpha_sum[n] += alpha.float().sum(dim=(0, 1))
             w_values[n].append(sliding_mean(alpha[..., -1].float(), window).flatten())
+            prev_values[n].append(alpha[..., -1].float().flatten())
         for k in range(1, n_blocks + 1):
             x, h = cap.inputs[k].float(), cap.states[k].float()
             cos_sum[k] += F.cosine_similarity(x, h, dim=-1).sum().item()
@@ -91,6 +94,7 @@ def calibrate(model: ReskipModel, data: Packed, delta: float = 0.2, quantile: fl
                 w_recent_quantiles=grid,
                 w_recent_mean=float(w.mean()),
                 histogram=np.histogram(w, bins=20, range=(0.0, 1.0))[0].tolist(),
+                signal=signal_health(torch.cat(prev_values[n]).numpy(), w),
                 eligible=bool(a < 1 + delta),
             )
         else:  # block 1 has a single source and no router: no signal, never eligible

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import torch
@@ -42,15 +43,27 @@ def calibrate_run(run, options: CalibrateOptions = CalibrateOptions()) -> tuple[
                        data_record={"specs": source_specs, "split": "calib", **record["splits"]["calib"]})
     out = Path(options.out) if options.out else source.policy_path
     policy.save(out)
+    for n in input_independent_eligible(policy):
+        print(f"warning: block {n} is eligible but its signal is input-independent "
+              f"({policy.blocks[n]['signal']['status']}); ReSkip will skip it as if at random", file=sys.stderr)
     return policy, out
+
+
+def input_independent_eligible(policy: PolicyFile) -> list[int]:
+    """Eligible blocks whose w_recent does not depend on the input (`signal.signal_health`)."""
+    return [n for n, b in sorted(policy.blocks.items())
+            if b["eligible"] and b.get("signal") and b["signal"]["status"] != "ok"]
 
 
 def format_policy(policy: PolicyFile) -> str:
     lines = [f"ppl(full) on calibration: {policy.data['ppl_full']:.3f}",
-             "block  layers   A(n)     I(n)    cos(x,h)  tau      eligible"]
+             "block  layers   A(n)     I(n)    cos(x,h)  tau      w_recent 5-95%    eligible"]
     for b in policy.data["blocks"]:
         tau = "-" if b["tau"] is None else f"{b['tau']:.3f}"
         imp = "-" if b["I"] is None else f"{b['I']:.3f}"
+        sig = b.get("signal")
+        span = "-" if not sig else f"{sig['w_recent']['p05']:.3f}-{sig['w_recent']['p95']:.3f}"
+        flag = "" if not sig or sig["status"] == "ok" else "  INPUT-INDEPENDENT"
         lines.append(f"{b['block']:>5}  {b['layers'][0]:>2}-{b['layers'][1]:<3}  {b['A']:<8.3f} {imp:<7} "
-                     f"{b['cos_in_out']:<9.3f} {tau:<8} {'yes' if b['eligible'] else 'no'}")
+                     f"{b['cos_in_out']:<9.3f} {tau:<8} {span:<17} {'yes' if b['eligible'] else 'no'}{flag}")
     return "\n".join(lines)

@@ -11,7 +11,7 @@ import yaml
 from ..errors import ReskipError
 from ..ar_retrofit.config import RetrofitConfig, reject_unknown_keys
 
-REAL_FIELDS = ("lr", "weight_decay", "warmup_frac", "min_lr_frac", "clip_norm", "lambda_kl", "lambda_ent",
+REAL_FIELDS = ("lr", "router_lr_mult", "source_bias_lr_mult", "weight_decay", "warmup_frac", "min_lr_frac", "clip_norm", "lambda_kl", "lambda_ent",
                "hold_frac", "ramp_end_frac")
 INT_FIELDS = ("seq_len", "steps", "batch_size", "grad_accum", "eval_every", "eval_sequences", "save_every",
               "log_every", "seed")
@@ -26,6 +26,10 @@ class TrainConfig:
     skip_blocks: blocks the skip branch may draw; None -> every block but the first and the
         last (which ablation shows are load-bearing on every backbone we measured).
     hold_frac / ramp_end_frac: c(t) is 0 until hold_frac of training, 1 from ramp_end_frac.
+    router_lr_mult / source_bias_lr_mult: the learning rate of the routers' queries w_n / of their
+        per-source biases b_i, as multiples of lr. A router moves its logits by at most |w_n|, and
+        Adam moves each coordinate by about lr per step, so at the default lr a query can hardly
+        grow within a retrofit budget; the multipliers let it (docs/experiments.md measures them).
     """
 
     model: str | None = None
@@ -38,6 +42,8 @@ class TrainConfig:
     batch_size: int = 8
     grad_accum: int = 1
     lr: float = 2e-3
+    router_lr_mult: float = 1.0
+    source_bias_lr_mult: float = 1.0
     weight_decay: float = 0.0
     warmup_frac: float = 0.05
     min_lr_frac: float = 0.1
@@ -90,7 +96,7 @@ class TrainConfig:
             v = getattr(self, name)
             need(isinstance(v, (int, float)) and 0.0 <= v <= 1.0, f"{name} must lie in [0, 1], got {v!r}")
         need(self.hold_frac <= self.ramp_end_frac, "hold_frac must not exceed ramp_end_frac")
-        for name in ("lr", "clip_norm"):
+        for name in ("lr", "clip_norm", "router_lr_mult", "source_bias_lr_mult"):
             need(getattr(self, name) > 0, f"{name} must be > 0")
         for name in ("weight_decay", "lambda_kl", "lambda_ent"):
             need(getattr(self, name) >= 0, f"{name} must be >= 0")

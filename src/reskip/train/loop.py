@@ -44,6 +44,19 @@ def prepare_data(cfg: TrainConfig, tokenizer, splits) -> tuple[Packed, Packed]:
     return train, val
 
 
+def parameter_groups(model: ReskipModel, cfg: TrainConfig) -> list[dict]:
+    """The side-channel's parameters in three optimizer groups, chosen by structure (the routers'
+    query and source-bias parameters, and everything else), each with its learning-rate multiple."""
+    routers = model.side_channel.routers()
+    query = [r.query for r in routers]
+    bias = [r.source_bias for r in routers]
+    chosen = {id(p) for p in query + bias}
+    rest = [p for p in model.trainable_parameters() if id(p) not in chosen]
+    return [{"params": query, "lr_mult": cfg.router_lr_mult, "name": "router query"},
+            {"params": bias, "lr_mult": cfg.source_bias_lr_mult, "name": "router source bias"},
+            {"params": rest, "lr_mult": 1.0, "name": "adapters and gates"}]
+
+
 def check_against_backbone(cfg: TrainConfig) -> int:
     """Check the config against the backbone's own config (no weights load); returns the block count."""
     model_config = load_config(cfg.model, cfg.trust_remote_code)
@@ -77,7 +90,7 @@ def train(
     base, tokenizer = load_backbone(cfg.model, getattr(torch, cfg.dtype), cfg.trust_remote_code)
     model = retrofit(base, rcfg, seed=cfg.seed)
     train_data, val_data = prepare_data(cfg, tokenizer, splits)
-    optimizer = torch.optim.AdamW(model.trainable_parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    optimizer = torch.optim.AdamW(parameter_groups(model, cfg), lr=cfg.lr, weight_decay=cfg.weight_decay)
 
     start, tokens_seen = 0, 0
     if resume:
@@ -120,7 +133,7 @@ def train(
         lr = learning_rate(step, cfg.steps, cfg.lr, cfg.warmup_frac, cfg.min_lr_frac)
         model.set_curriculum(c)
         for group in optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group["lr_mult"]
         k = drawn_block(step, cfg.seed, drawable)
         # The global batch of this step, the same on every process; data cycles when exhausted.
         idx = [(step * cfg.batch_size + j) % n_train for j in range(cfg.batch_size)]

@@ -14,10 +14,12 @@ from ..ar_retrofit.model import ReskipModel
 @torch.no_grad()
 def evaluate(model: ReskipModel, data: Packed, batch_size: int = 4, skip_kl: bool = True) -> dict:
     """Perplexity of the full path and the backbone, KL(backbone || full), alpha entropy per block
-    (beside its maximum log n), and the skip-branch KL(backbone || block n as identity) per block."""
+    (beside its maximum log n), the skip-branch KL(backbone || block n as identity) per block, and the
+    routing signal: the token-level std of alpha_{n-1 -> n} and the norm |w_n| of each router's query."""
     n_blocks = model.n_blocks
     sums = {"ce_full": 0.0, "ce_backbone": 0.0, "kl_full": 0.0}
     ent = {n: 0.0 for n in range(2, n_blocks + 1)}
+    prev = {n: [] for n in range(2, n_blocks + 1)}  # alpha_{n-1 -> n} per token
     skip = {k: 0.0 for k in range(1, n_blocks + 1)}
     n_targets, n_positions = 0, 0
     was_training = model.training
@@ -35,6 +37,8 @@ def evaluate(model: ReskipModel, data: Packed, batch_size: int = 4, skip_kl: boo
         positions = ids.numel()
         for n, h in entropy_per_block(full.alphas).items():
             ent[n] += h * positions
+        for n, a in full.alphas.items():
+            prev[n].append(a[..., -1].float().flatten())
         if skip_kl:
             for k in skip:
                 with model.replaying(cap, k):
@@ -48,6 +52,8 @@ def evaluate(model: ReskipModel, data: Packed, batch_size: int = 4, skip_kl: boo
         "kl_full": sums["kl_full"] / n_positions,
         "entropy": {str(n): v / n_positions for n, v in ent.items()},
         "entropy_max": {str(n): math.log(n) for n in ent},
+        "alpha_prev_std": {str(n): float(torch.cat(v).std(unbiased=False)) for n, v in prev.items()},
+        "query_norm": {str(n): float(model.side_channel.block(n).router.query.norm()) for n in prev},
         "tokens": n_positions,
     }
     if skip_kl:
