@@ -186,3 +186,52 @@ def test_empty_data_is_refused(tiny_run, tmp_path):
 def test_unknown_keys_are_refused():
     with pytest.raises(ReskipError, match="unknown training config keys"):
         TrainConfig.from_yaml("steps: 3\nlearning_rate: 0.1\n")
+
+
+def test_router_learning_rate_multipliers_take_effect(tiny_run, tmp_path):
+    """Queries at a 1e-8 multiple of the lr stay where they started; the adapters still move."""
+    from reskip.train.loop import parameter_groups
+
+    rm = retrofit(tiny_model("llama"), RetrofitConfig(block_size=2, rank=8))
+    groups = parameter_groups(rm, tiny_run(router_lr_mult=3.0, source_bias_lr_mult=5.0))
+    assert [g["lr_mult"] for g in groups] == [3.0, 5.0, 1.0]
+    ids = [id(p) for g in groups for p in g["params"]]
+    assert sorted(ids) == sorted(id(p) for p in rm.trainable_parameters()) and len(set(ids)) == len(ids)
+    assert {id(p) for p in groups[0]["params"]} == {id(r.query) for r in rm.side_channel.routers()}
+
+    out = tmp_path / "run"
+    train(tiny_run(router_lr_mult=1e-8, source_bias_lr_mult=1e-8, hold_frac=0.0, ramp_end_frac=0.0), out,
+          show_progress=False)
+    init = retrofit(tiny_model("llama"), RetrofitConfig(block_size=2, rank=8), seed=0)
+    trained = load_adapter(tiny_model("llama"), out / "adapter")
+    for a, b in zip(init.side_channel.routers(), trained.side_channel.routers()):
+        assert torch.allclose(a.query, b.query, atol=1e-6) and torch.allclose(a.source_bias, b.source_bias, atol=1e-6)
+    moved = [not torch.allclose(a.adapter.up.weight, b.adapter.up.weight)
+             for a, b in zip(init.side_channel.per_block.values(), trained.side_channel.per_block.values())]
+    assert any(moved)
+    logged = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
+    ev = [r for r in logged if r["kind"] == "eval"][-1]
+    assert set(ev["query_norm"]) == set(ev["alpha_prev_std"]) == {"2", "3"}
+
+
+def test_signal_term_reaches_the_drawn_blocks_router():
+    from reskip.train.objective import RetrofitObjective, pearson
+
+    x, y = torch.randn(50, dtype=torch.float64), torch.randn(50, dtype=torch.float64)
+    import numpy as np
+
+    assert pearson(x, y).item() == pytest.approx(np.corrcoef(x.numpy(), y.numpy())[0, 1], rel=1e-6)
+    rm = retrofit(tiny_model("llama", init_std=0.3), RetrofitConfig(block_size=2, rank=8, up_init_std=0.3))
+    rm.set_curriculum(1.0)
+    ids, _ = batch(pad=False)
+    grads = {}
+    for lam in (0.0, 1.0):
+        rm.side_channel.zero_grad(set_to_none=True)
+        terms = RetrofitObjective(rm, 1.0, 0.01, lam)(ids, ids.clone(), 3, 1.0, 1.0)
+        terms["loss"].backward()
+        grads[lam] = rm.side_channel.block(3).router.query.grad.clone()
+        if lam:
+            assert -1 <= terms["sig"].item() <= 1 and terms["sig"].item() != 0
+        else:
+            assert terms["sig"].item() == 0
+    assert not torch.allclose(grads[0.0], grads[1.0])

@@ -12,7 +12,7 @@ from ..errors import ReskipError
 from ..ar_retrofit.config import RetrofitConfig, reject_unknown_keys
 
 REAL_FIELDS = ("lr", "router_lr_mult", "source_bias_lr_mult", "weight_decay", "warmup_frac", "min_lr_frac", "clip_norm", "lambda_kl", "lambda_ent",
-               "hold_frac", "ramp_end_frac")
+               "lambda_signal", "hold_frac", "ramp_end_frac")
 INT_FIELDS = ("seq_len", "steps", "batch_size", "grad_accum", "eval_every", "eval_sequences", "save_every",
               "log_every", "seed")
 
@@ -50,6 +50,7 @@ class TrainConfig:
     clip_norm: float = 1.0
     lambda_kl: float = 1.0
     lambda_ent: float = 0.01
+    lambda_signal: float = 0.0
     hold_frac: float = 0.02
     ramp_end_frac: float = 0.3
     skip_blocks: list[int] | None = None
@@ -98,7 +99,7 @@ class TrainConfig:
         need(self.hold_frac <= self.ramp_end_frac, "hold_frac must not exceed ramp_end_frac")
         for name in ("lr", "clip_norm", "router_lr_mult", "source_bias_lr_mult"):
             need(getattr(self, name) > 0, f"{name} must be > 0")
-        for name in ("weight_decay", "lambda_kl", "lambda_ent"):
+        for name in ("weight_decay", "lambda_kl", "lambda_ent", "lambda_signal"):
             need(getattr(self, name) >= 0, f"{name} must be >= 0")
         need(bool(self.data), "data is empty: use ['default'] or files / dataset ids")
         per_step = world_size * self.grad_accum

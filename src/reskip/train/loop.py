@@ -99,7 +99,7 @@ def train(
             raise ReskipError(f"{run_dir} has no checkpoint to resume from")
         state = load_checkpoint(ckpt, model, optimizer)
         start, tokens_seen = state["step"], state["tokens_seen"]
-    objective = RetrofitObjective(model, cfg.lambda_kl, cfg.lambda_ent)
+    objective = RetrofitObjective(model, cfg.lambda_kl, cfg.lambda_ent, cfg.lambda_signal)
     objective, optimizer = accelerator.prepare(objective, optimizer)
     main = accelerator.is_main_process
     if main:
@@ -143,7 +143,7 @@ def train(
         # accelerate divides by grad_accum, hence the factor world * grad_accum.
         target_scale = world * cfg.grad_accum / max(n_targets, 1)
         position_scale = world * cfg.grad_accum / ids.numel()
-        totals = torch.zeros(4)
+        totals = torch.zeros(5)
         for m in range(cfg.grad_accum):
             lo = (m * world + rank) * micro
             with accelerator.accumulate(objective):
@@ -161,14 +161,14 @@ def train(
                     accelerator.clip_grad_norm_(model.trainable_parameters(), cfg.clip_norm)
                 optimizer.step()
                 optimizer.zero_grad()
-            totals += torch.stack([terms[x].float() for x in ("loss", "ce", "kl", "ent")])
+            totals += torch.stack([terms[x].float() for x in ("loss", "ce", "kl", "ent", "sig")])
         totals = accelerator.reduce(totals, "sum") / (world * cfg.grad_accum)
         tokens_seen += ids.numel()
         done = step + 1
-        loss, ce, kl, ent = totals.tolist()
+        loss, ce, kl, ent, sig = totals.tolist()
         if done % cfg.log_every == 0 or done == cfg.steps:
             log({"kind": "train", "step": done, "c": c, "lr": lr, "loss": loss, "ce": ce, "kl": kl,
-                 "entropy": ent, "skip_block": k, "tokens_seen": tokens_seen, "processes": world, "elapsed_s": time.time() - t0})
+                 "entropy": ent, "signal_corr": sig, "skip_block": k, "tokens_seen": tokens_seen, "processes": world, "elapsed_s": time.time() - t0})
         bar.set_postfix(loss=f"{loss:.3f}", ce=f"{ce:.3f}", kl=f"{kl:.3f}", c=f"{c:.2f}")
         bar.update(1)
         if done % cfg.eval_every == 0 or done == cfg.steps:

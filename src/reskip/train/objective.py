@@ -1,13 +1,21 @@
 """The retrofit's training objective: CE(full path) + lambda_kl KL(teacher || skip branch)
-- lambda_ent mean H(alpha), for one micro-batch. The loss terms themselves are `reskip.losses`;
-the schedules that drive c(t), the learning rate and the drawn block are `schedules`."""
+- lambda_ent mean H(alpha) [+ lambda_signal corr(alpha_{k-1 -> k}, cost_k)], for one micro-batch.
+The loss terms themselves are `reskip.losses`; the schedules that drive c(t), the learning rate
+and the drawn block are `schedules`.
+
+The optional fourth term (off by default, an experiment: docs/experiments.md) asks the drawn
+block k's router to put more weight on h_{k-1} where skipping k costs less: it is the Pearson
+correlation, over the micro-batch's labelled tokens, between alpha_{k-1 -> k} and the measured
+per-token cost of the skip branch (its NLL minus the full path's, detached). Minimising it makes
+the correlation negative, which is what ReSkip's rule (skip where w_recent is high) needs."""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from ..losses import ce_sum, entropy_sum, kl_sum, teacher_targets
+from ..losses import ce_sum, ce_tokens, entropy_sum, kl_sum, teacher_targets
 from ..ar_retrofit.model import ReskipModel
 
 
@@ -15,11 +23,12 @@ class RetrofitObjective(nn.Module):
     """One micro-batch of the three-term loss. Wrapping it (not the model) in DDP keeps the
     teacher, full and skip passes inside a single forward, so gradients sync once."""
 
-    def __init__(self, model: ReskipModel, lambda_kl: float, lambda_ent: float):
+    def __init__(self, model: ReskipModel, lambda_kl: float, lambda_ent: float, lambda_signal: float = 0.0):
         super().__init__()
         self.model = model
         self.lambda_kl = lambda_kl
         self.lambda_ent = lambda_ent
+        self.lambda_signal = lambda_signal
 
     def forward(self, input_ids, labels, skip_block: int, target_scale: float, position_scale: float):
         """Loss terms as sums over this micro-batch times the given scales (1 / global counts)."""
@@ -38,4 +47,17 @@ class RetrofitObjective(nn.Module):
         kl = kl_sum(teacher, skip) * position_scale
         ent = entropy_sum(full.alphas) * position_scale
         loss = ce + self.lambda_kl * kl - self.lambda_ent * ent
-        return {"loss": loss, "ce": ce.detach(), "kl": kl.detach(), "ent": ent.detach()}
+        sig = torch.zeros(())
+        if self.lambda_signal > 0 and skip_block in full.alphas:
+            with torch.no_grad():  # (B, T): what skipping block k cost at each position
+                cost = ce_tokens(skip, labels) - ce_tokens(full.logits, labels)
+            valid = F.pad(labels[:, 1:], (0, 1), value=-100) != -100  # (B, T): positions with a target
+            sig = pearson(full.alphas[skip_block][..., -1][valid], cost[valid])
+            loss = loss + self.lambda_signal * sig
+        return {"loss": loss, "ce": ce.detach(), "kl": kl.detach(), "ent": ent.detach(), "sig": sig.detach()}
+
+
+def pearson(x: torch.Tensor, y: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """Pearson correlation of two 1-D tensors (differentiable in both)."""
+    x, y = x - x.mean(), y - y.mean()
+    return (x * y).sum() / (x.norm() * y.norm() + eps)
