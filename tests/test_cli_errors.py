@@ -34,6 +34,8 @@ BAD = [
     (["train", "--steps", "0", "--out", "{tmp}/t"], "steps"),
     (["train", "--steps", "2.5", "--out", "{tmp}/t"], "steps must be an integer"),
     (["train", "--skip-blocks", "x", "--out", "{tmp}/t"], "skip_blocks"),
+    (["train", "--skip-fraction", "0", "--out", "{tmp}/t"], "skip_fraction"),
+    (["train", "--router-lr-mult", "-1", "--out", "{tmp}/t"], "router_lr_mult"),
     (["train", "--config", MISSING + ".yaml", "--out", "{tmp}/t"], "does not exist"),
     (["train", "--resume", MISSING], "not a run folder"),
     (["train", "--block-size", "1000", "--model", "{model}", "--out", "{tmp}/t"], "at least two blocks"),

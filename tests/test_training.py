@@ -235,3 +235,31 @@ def test_signal_term_reaches_the_drawn_blocks_router():
         else:
             assert terms["sig"].item() == 0
     assert not torch.allclose(grads[0.0], grads[1.0])
+
+
+def test_token_level_skip_branch_matches_the_reference_and_resumes(tiny_run, tmp_path):
+    """skip_fraction < 1: the drawn block is identity at a seeded share of positions; the branch
+    equals a plain position-skip pass, and the masks are a pure function of the step."""
+    from reskip.train.objective import RetrofitObjective
+    from reskip.train.schedules import skipped_positions
+
+    assert skipped_positions(3, 0, (2, 8), 1.0) is None
+    m = skipped_positions(3, 0, (4, 64), 0.5)
+    assert torch.equal(m, skipped_positions(3, 0, (4, 64), 0.5)) and not torch.equal(m, skipped_positions(4, 0, (4, 64), 0.5))
+    assert 0.3 < m.float().mean() < 0.7
+    rm = retrofit(tiny_model("llama", init_std=0.3), RetrofitConfig(block_size=2, rank=8, up_init_std=0.3))
+    rm.set_curriculum(1.0)
+    ids, _ = batch(pad=False)
+    mask = skipped_positions(0, 0, tuple(ids.shape), 0.5)
+    with torch.no_grad():
+        terms = RetrofitObjective(rm, 1.0, 0.0)(ids, ids.clone(), 2, 1.0, 1.0, mask)
+        with rm.side_channel_disabled():
+            teacher = rm(input_ids=ids, use_cache=False).logits
+        with rm.skipping_positions({2: mask}):
+            ref = rm(input_ids=ids, use_cache=False).logits
+    from reskip.losses import kl_sum
+
+    assert terms["kl"].item() == pytest.approx(kl_sum(teacher, ref).item(), rel=1e-4)
+    out = tmp_path / "run"
+    train(tiny_run(skip_fraction=0.5), out, show_progress=False)
+    assert (out / "adapter").is_dir()

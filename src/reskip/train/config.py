@@ -12,7 +12,8 @@ from ..errors import ReskipError
 from ..ar_retrofit.config import RetrofitConfig, reject_unknown_keys
 
 REAL_FIELDS = ("lr", "router_lr_mult", "source_bias_lr_mult", "weight_decay", "warmup_frac", "min_lr_frac", "clip_norm", "lambda_kl", "lambda_ent",
-               "lambda_signal", "hold_frac", "ramp_end_frac")
+               "lambda_signal", "hold_frac", "ramp_end_frac",
+               "skip_fraction")
 INT_FIELDS = ("seq_len", "steps", "batch_size", "grad_accum", "eval_every", "eval_sequences", "save_every",
               "log_every", "seed")
 
@@ -25,6 +26,8 @@ class TrainConfig:
     grad_accum: micro-steps per optimizer step on each process.
     skip_blocks: blocks the skip branch may draw; None -> every block but the first and the
         last (which ablation shows are load-bearing on every backbone we measured).
+    skip_fraction: the share of positions (drawn per step) at which the drawn block is identity in
+        the skip branch; 1.0 (default) is the seed's whole-block skip, below 1 a token-level one.
     hold_frac / ramp_end_frac: c(t) is 0 until hold_frac of training, 1 from ramp_end_frac.
     router_lr_mult / source_bias_lr_mult: the learning rate of the routers' queries w_n / of their
         per-source biases b_i, as multiples of lr. A router moves its logits by at most |w_n|, and
@@ -54,6 +57,7 @@ class TrainConfig:
     hold_frac: float = 0.02
     ramp_end_frac: float = 0.3
     skip_blocks: list[int] | None = None
+    skip_fraction: float = 1.0
     eval_every: int = 25
     eval_sequences: int = 16
     save_every: int = 25
@@ -97,6 +101,7 @@ class TrainConfig:
             v = getattr(self, name)
             need(isinstance(v, (int, float)) and 0.0 <= v <= 1.0, f"{name} must lie in [0, 1], got {v!r}")
         need(self.hold_frac <= self.ramp_end_frac, "hold_frac must not exceed ramp_end_frac")
+        need(0.0 < self.skip_fraction <= 1.0, f"skip_fraction must lie in (0, 1], got {self.skip_fraction!r}")
         for name in ("lr", "clip_norm", "router_lr_mult", "source_bias_lr_mult"):
             need(getattr(self, name) > 0, f"{name} must be > 0")
         for name in ("weight_decay", "lambda_kl", "lambda_ent", "lambda_signal"):

@@ -27,7 +27,7 @@ from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import TrainConfig
 from .log import append_record, summarize, truncate_after
 from .objective import RetrofitObjective
-from .schedules import curriculum, drawn_block, learning_rate
+from .schedules import curriculum, drawn_block, learning_rate, skipped_positions
 from .validation import evaluate
 
 
@@ -138,6 +138,7 @@ def train(
         # The global batch of this step, the same on every process; data cycles when exhausted.
         idx = [(step * cfg.batch_size + j) % n_train for j in range(cfg.batch_size)]
         ids, labels = train_data.input_ids[idx], train_data.labels[idx]
+        positions = skipped_positions(step, cfg.seed, tuple(ids.shape), cfg.skip_fraction)
         n_targets = int((labels[:, 1:] != -100).sum())
         # Each micro-batch contributes sum / global count; DDP averages over processes and
         # accelerate divides by grad_accum, hence the factor world * grad_accum.
@@ -147,7 +148,8 @@ def train(
         for m in range(cfg.grad_accum):
             lo = (m * world + rank) * micro
             with accelerator.accumulate(objective):
-                terms = objective(ids[lo : lo + micro], labels[lo : lo + micro], k, target_scale, position_scale)
+                mask = None if positions is None else positions[lo : lo + micro]
+                terms = objective(ids[lo : lo + micro], labels[lo : lo + micro], k, target_scale, position_scale, mask)
                 bad = (~torch.isfinite(terms["loss"].detach())).float().reshape(1)
                 if accelerator.reduce(bad, "sum").item() > 0:  # every process stops together
                     bar.close()

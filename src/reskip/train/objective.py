@@ -30,8 +30,14 @@ class RetrofitObjective(nn.Module):
         self.lambda_ent = lambda_ent
         self.lambda_signal = lambda_signal
 
-    def forward(self, input_ids, labels, skip_block: int, target_scale: float, position_scale: float):
-        """Loss terms as sums over this micro-batch times the given scales (1 / global counts)."""
+    def forward(self, input_ids, labels, skip_block: int, target_scale: float, position_scale: float,
+                skip_mask: torch.Tensor | None = None):
+        """Loss terms as sums over this micro-batch times the given scales (1 / global counts).
+
+        skip_mask: (B, T) positions at which block `skip_block` is identity in the skip branch (None:
+        all of them). A token-level skip branch sees what decode does when a policy skips a block at
+        some steps only: the skipped positions keep their input, and their K/V in the block's layers
+        are those of the unchanged input (the position-skip reference mode, as the exact cache)."""
         rm = self.model
         with torch.no_grad(), rm.side_channel_disabled(), rm.capturing() as captured:
             teacher = teacher_targets(rm(input_ids=input_ids, use_cache=False).logits)  # p: (B, T, V)
@@ -41,8 +47,12 @@ class RetrofitObjective(nn.Module):
             full = rm(input_ids=input_ids, use_cache=False, output_alphas=True)
             cap = captured()
         # Skip branch: blocks before `skip_block` are the full pass's own (shared, not recomputed).
-        with rm.replaying(cap, skip_block):
-            skip = rm(input_ids=input_ids, use_cache=False).logits
+        if skip_mask is None:
+            with rm.replaying(cap, skip_block):
+                skip = rm(input_ids=input_ids, use_cache=False).logits
+        else:
+            with rm.continuing(cap, skip_block - 1), rm.skipping_positions({skip_block: skip_mask}):
+                skip = rm(input_ids=input_ids, use_cache=False).logits
         ce = ce_sum(full.logits, labels) * target_scale
         kl = kl_sum(teacher, skip) * position_scale
         ent = entropy_sum(full.alphas) * position_scale

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import random
 
+import torch
+
 
 def curriculum(step: int, total_steps: int, hold_frac: float = 0.02, ramp_end_frac: float = 0.3) -> float:
     """c(t): 0 during the hold, linear to 1 at `ramp_end_frac` of training, then 1.
@@ -27,6 +29,15 @@ def learning_rate(step: int, total_steps: int, base_lr: float, warmup_frac: floa
         return base_lr * (step + 1) / warmup
     progress = (step - warmup) / max(1, total_steps - warmup)
     return base_lr * (min_lr_frac + (1 - min_lr_frac) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
+
+
+def skipped_positions(step: int, seed: int, shape: tuple[int, int], fraction: float):
+    """(B, T) bool mask of the positions at which the skip branch's block is identity at `step`
+    (None: every position, the seed's whole-block skip). The same on every process and on resume."""
+    if fraction >= 1.0:
+        return None
+    g = torch.Generator().manual_seed(random.Random(f"positions:{seed}:{step}").getrandbits(62))
+    return torch.rand(shape, generator=g) < fraction
 
 
 def drawn_block(step: int, seed: int, drawable: list[int]) -> int:
