@@ -17,7 +17,6 @@ ReSkip reaches at least 0.9 of its ideal speed-up.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import statistics
@@ -28,6 +27,7 @@ from transformers import DynamicCache
 
 from reskip import RetrofitConfig, retrofit
 from reskip.backbones.accounting import architecture_config
+from reskip.cli.common import Parser  # usage errors on one line, exit 2, as every reskip command
 from reskip.compat import cache_kwarg
 from reskip.errors import ReskipError
 from reskip.evaluate.flops import LayerFlops, side_channel_flops
@@ -128,11 +128,6 @@ def ideal_speedup(rm, skipped_blocks_mean: float) -> dict:
     per_block = n_layers / rm.n_blocks  # average layers per block
     saved = skipped_blocks_mean * per_block * (lf.full - lf.kv_only)
     return {"ideal_speedup": total / (total - saved), "ideal_speedup_layers_only": layers / (layers - saved)}
-
-
-class Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit 2, as every reskip command
-        self.exit(2, f"{self.prog}: error: {message} (see: {self.prog} --help)\n")
 
 
 def main(argv=None):

@@ -19,3 +19,13 @@ class AdapterError(ReskipError):
 
 class RetrofitConfigError(ReskipError, ValueError):
     """A retrofit configuration that cannot be built (a ValueError too, for library callers)."""
+
+
+def check_range(flag: str, value, lo, hi=None) -> None:
+    """Refuse an option outside [lo, hi] (or below lo when hi is None), or NaN, with one line naming
+    the flag (`flag` without its dashes, e.g. "max-skips"). None means "not given" and passes."""
+    if value is None:
+        return
+    if value != value or value < lo or (hi is not None and value > hi):  # value != value: NaN
+        span = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
+        raise ReskipError(f"--{flag} must be {span}, got {value}")

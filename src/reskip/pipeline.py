@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .backbones.parity_stage import parity_stage
-from .errors import ReskipError
+from .errors import ReskipError, check_range
 from .evaluate.options import EvalOptions
 from .evaluate.stage import evaluate_run, margin_violations
 from .evaluate.tables import markdown
@@ -61,8 +61,7 @@ class PipelineConfig:
     def check(self) -> None:
         if self.preset not in PRESETS:
             raise ReskipError(f"unknown preset {self.preset!r}; valid: {', '.join(PRESETS)}")
-        if not self.delta >= 0:
-            raise ReskipError(f"--delta must be >= 0, got {self.delta}")
+        check_range("delta", self.delta, 0.0)
         cfg = self.train_config()
         cfg.validate()
         check_against_backbone(cfg)  # the backbone's config only: a bad partition fails before any weights load

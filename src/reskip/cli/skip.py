@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..errors import ReskipError
+from ..errors import check_range
 from ..skip.options import CalibrateOptions
 from ..skip.spec import GRAMMAR, parse_spec
 from .common import adapter_flag, model_flags
@@ -23,10 +23,8 @@ def cmd_calibrate(args) -> int:
 
 
 def cmd_generate(args) -> int:
-    for name in ("window", "max_new_tokens"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise ReskipError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    check_range("window", args.window, 1)
+    check_range("max-new-tokens", args.max_new_tokens, 1)
     spec = parse_spec(args.policy, allow_path=True)
     import torch  # lazy: torch
 

@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from ..data.packing import pack
 from ..data.sources import load_splits
-from ..errors import ReskipError
+from ..errors import ReskipError, check_range
 from ..io_atomic import atomic_write_json, atomic_write_text
 from ..skip.session import open_run, resolve_adapter
 from .methods import evaluate_methods, parse_methods
@@ -30,12 +30,10 @@ from .tables import markdown
 
 
 def check_options(o: EvalOptions) -> None:
-    for name, value in (("window", o.window), ("chunk-size", o.chunk_size), ("sequences", o.sequences),
+    for flag, value in (("window", o.window), ("chunk-size", o.chunk_size), ("sequences", o.sequences),
                         ("mc-limit", o.mc_limit)):
-        if value is not None and value < 1:
-            raise ReskipError(f"--{name} must be >= 1, got {value}")
-    if o.seq_len is not None and o.seq_len < 8:
-        raise ReskipError(f"--seq-len must be >= 8, got {o.seq_len}")
+        check_range(flag, value, 1)
+    check_range("seq-len", o.seq_len, 8)
 
 
 def evaluate_run(run, options: EvalOptions = EvalOptions()) -> tuple[dict, Path]:
@@ -44,18 +42,18 @@ def evaluate_run(run, options: EvalOptions = EvalOptions()) -> tuple[dict, Path]
     check_options(options)
     source = resolve_adapter(run)
     policy_file = source.policy()
-    parse_methods(options.methods, policy_file, options.seed)  # bad methods fail before anything loads
+    # The methods are built from the policy file before anything heavy loads, so a bad one fails first;
+    # open_run then checks that policy file against the loaded model.
+    methods = parse_methods(options.methods, policy_file, options.seed)
+    mc_methods = parse_methods(options.mc_methods, policy_file, options.seed) if options.benchmarks else []
     questions = {b: load_benchmark(b, options.mc_limit, options.seed) for b in options.benchmarks}
     specs = options.data or source.data_specs
     splits, record = load_splits(specs)
     if not splits["test"]:
         raise ReskipError(f"the test split of {specs} is empty")
-    opened = open_run(run, [*options.methods, *(options.mc_methods if questions else [])], model=options.model,
-                      dtype=getattr(torch, options.dtype), window=options.window, seed=options.seed,
-                      trust_remote_code=options.trust_remote_code)
+    opened = open_run(run, model=options.model, dtype=getattr(torch, options.dtype), window=options.window,
+                      seed=options.seed, trust_remote_code=options.trust_remote_code)
     model, tok, window = opened.model, opened.tokenizer, opened.window
-    methods = parse_methods(options.methods, policy_file, options.seed)
-    mc_methods = parse_methods(options.mc_methods, policy_file, options.seed) if questions else []
     seq_len = options.seq_len or source.seq_len
     data = pack(tok, splits["test"], seq_len, options.sequences, seed=0)
     print(f"[eval] {len(methods)} methods on {len(data)} test sequences x {seq_len} tokens", flush=True)

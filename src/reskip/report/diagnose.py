@@ -10,7 +10,7 @@ import torch
 from ..backbones.loading import DEFAULT_BACKBONE
 from ..data.packing import pack
 from ..data.sources import load_splits
-from ..errors import ReskipError
+from ..errors import check_range
 from ..io_atomic import atomic_write_json
 from ..ar_retrofit.blocks import inclusive_ranges
 from ..skip.calibration import sliding_mean
@@ -26,9 +26,9 @@ SEED_INSTANCE = {"n_layers": 48, "hidden_size": 4096, "context": 4096, "dtype_by
 
 
 def diagnose(run, options: DiagnoseOptions = DiagnoseOptions()) -> Path:
-    for name in ("context", "sequences", "sample_tokens", "signal_sequences"):
-        if getattr(options, name) < (0 if name == "signal_sequences" else 1):
-            raise ReskipError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(options, name)}")
+    for flag, value, lo in (("context", options.context, 1), ("sequences", options.sequences, 1),
+                            ("sample-tokens", options.sample_tokens, 1), ("signal-sequences", options.signal_sequences, 0)):
+        check_range(flag, value, lo)
     opened = open_run(run, model=options.model)
     source, model, tok, policy = opened.source, opened.model, opened.tokenizer, opened.policy_file
     context, sample_tokens = options.context, options.sample_tokens

@@ -9,7 +9,7 @@ import torch
 
 from ..data.packing import pack
 from ..data.sources import load_splits
-from ..errors import ReskipError
+from ..errors import ReskipError, check_range
 from .calibration import calibrate
 from .options import CalibrateOptions
 from .policy_file import PolicyFile
@@ -18,12 +18,10 @@ from .session import open_run, resolve_adapter
 
 def check_options(o: CalibrateOptions) -> None:
     """Refuse out-of-range options with one clear message, before anything loads."""
-    for name, value, lo, hi in (("delta", o.delta, 0.0, None), ("quantile", o.quantile, 0.0, 1.0),
+    for flag, value, lo, hi in (("delta", o.delta, 0.0, None), ("quantile", o.quantile, 0.0, 1.0),
                                 ("window", o.window, 1, None), ("max-skips", o.max_skips, 0, None),
                                 ("sequences", o.sequences, 1, None), ("seq-len", o.seq_len, 8, None)):
-        if value is not None and (value != value or value < lo or (hi is not None and value > hi)):
-            span = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
-            raise ReskipError(f"--{name} must be {span}, got {value}")
+        check_range(flag, value, lo, hi)
 
 
 def calibrate_run(run, options: CalibrateOptions = CalibrateOptions()) -> tuple[PolicyFile, Path]:
