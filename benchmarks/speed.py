@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import statistics
+import sys
 import time
 
 import torch
@@ -30,7 +31,7 @@ from reskip.backbones.accounting import architecture_config
 from reskip.cli.common import Parser  # usage errors on one line, exit 2, as every reskip command
 from reskip.compat import cache_kwarg
 from reskip.errors import ReskipError
-from reskip.evaluate.flops import LayerFlops, side_channel_flops
+from reskip.evaluate.flops import LayerFlops, shortcut_flops, side_channel_flops
 from reskip.skip.policies import NoSkip, StaticSkip
 from reskip.skip.session import open_run
 from reskip.skip.spec import GRAMMAR, parse_spec
@@ -126,7 +127,9 @@ def ideal_speedup(rm, skipped_blocks_mean: float) -> dict:
     layers = n_layers * lf.full
     total = layers + 2 * cfg.hidden_size * cfg.vocab_size + side_channel_flops(cfg.hidden_size, rm.rank, rm.n_blocks)
     per_block = n_layers / rm.n_blocks  # average layers per block
-    saved = skipped_blocks_mean * per_block * (lf.full - lf.kv_only)
+    # a skipped block still pays its layers' k/v projections and, with a shortcut, S_n
+    saved = skipped_blocks_mean * (per_block * (lf.full - lf.kv_only)
+                                   - shortcut_flops(cfg.hidden_size, rm.side_channel.shortcut_rank))
     return {"ideal_speedup": total / (total - saved), "ideal_speedup_layers_only": layers / (layers - saved)}
 
 
@@ -182,8 +185,9 @@ def run(args):
         # Measure ReSkip's skips once to set static:k to the same mean.
         if "reskip" in policies:
             _, mean = decode_run(rm, ids, policies["reskip"], window, args.decode_steps)
-            k = args.static_k if args.static_k is not None else max(1, round(mean))
-            policies["static"] = pf.static(min(k, len(pf.eligible()))) if pf.eligible() else NoSkip()
+            # a fractional mean is matched by a mix of k and k + 1 static blocks across steps
+            k = args.static_k if args.static_k is not None else round(mean, 2)
+            policies["static"] = pf.static(min(k, len(pf.eligible()))) if pf.eligible() and k > 0 else NoSkip()
         methods = {"backbone": (None, True), "retrofit": (NoSkip(), False), **{n: (p, False) for n, p in policies.items()}}
         for name, (pol, bb) in methods.items():  # warm-up
             decode_run(rm, ids, pol, window, 2, backbone=bb)
@@ -211,6 +215,8 @@ def run(args):
             row[f"{n}_gain_over_ideal_gain"] = ((measured - 1) / (ideal["ideal_speedup"] - 1)
                                                 if ideal["ideal_speedup"] > 1 else None)
         report[f"batch_{bsz}"] = row
+        for n in policies:
+            row[f"{n}_decode_vs_backbone"] = row[f"decode_tok_s_{n}"] / row["decode_tok_s_backbone"]
 
     ids = torch.randint(3, vocab, (1, args.prefill_len), generator=g).to(args.device)
     methods = {"backbone": (None, True), "retrofit": (NoSkip(), False), **{n: (p, False) for n, p in policies.items()}}
@@ -223,7 +229,23 @@ def run(args):
     prefill = report[f"prefill_{args.prefill_len}"] = {f"tok_s_{n}": args.prefill_len / statistics.median(v)
                                                        for n, v in pre.items()}
     prefill["router_overhead_no_skip"] = paired_overhead(pre["retrofit"], pre["backbone"])
+    if not args.random_config:
+        report["summary"] = quality_and_speed(opened.source.files.eval_dir / "results.json", args.policy, report)
+        print(report["summary"], file=sys.stderr)
     print(json.dumps(report))
+
+
+def quality_and_speed(results_path, spec_text: str, report: dict) -> str:
+    """One line: the policy's test perplexity against the backbone's (from the run's `reskip eval`, when it
+    evaluated this spec) beside its decode tokens/s against the bare backbone's, per batch size."""
+    quality = "perplexity not measured (run reskip eval with this policy)"
+    if results_path.is_file():
+        r = json.loads(results_path.read_text())["methods"].get(spec_text)
+        if r is not None:
+            quality = f"test perplexity {r['ppl_ratio']:.3f} x the backbone's at {r['mean_skipped']:.2f} blocks skipped per step"
+    speeds = ", ".join(f"batch {k.split('_')[1]}: {v['reskip_decode_vs_backbone']:.3f} x" for k, v in report.items()
+                       if k.startswith("batch_") and "reskip_decode_vs_backbone" in v)
+    return f"{spec_text}: {quality}; decode tokens/s against the bare backbone {speeds}"
 
 
 if __name__ == "__main__":

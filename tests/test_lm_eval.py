@@ -87,5 +87,6 @@ def test_lm_eval_command_knows_reskip(adapter_with_policy):
 
 
 def test_reskip_lm_eval_command(adapter_with_policy):
-    """`reskip-lm-eval`: the same, for editable installs (which skip .pth files)."""
-    _harness_cli([sys.executable, "-m", "reskip.evaluate.lm_eval_model"], adapter_with_policy, "reskip")
+    """`reskip-lm-eval`: the same, for editable installs (which skip .pth files), with a budgeted policy
+    (its spec holds an '=' inside lm-eval's key=value model_args)."""
+    _harness_cli([sys.executable, "-m", "reskip.evaluate.lm_eval_model"], adapter_with_policy, "reskip:budget=1")

@@ -24,14 +24,17 @@ from .report.html import build_report
 from .report.options import DiagnoseOptions
 from .runs import RunFolder
 from .skip.options import CalibrateOptions
+from .skip.spec import METHOD_KINDS, parse_specs
 from .skip.stage import calibrate_run, format_policy
 from .train.checkpoint import latest_checkpoint
 from .train.config import TrainConfig
 from .train.log import format_summary
 from .train.loop import check_against_backbone, train
 
+HELDOUT = ("kjv",)  # `reskip.data.heldout`: a source no stage trains or calibrates on
+MC_METHODS = ("backbone", "retrofit", "reskip:budget=1")
 STAGES = ("parity", "train", "calibrate", "eval", "diagnose", "report")
-RETROFIT_KEYS = ("block_size", "rank", "boundaries")
+RETROFIT_KEYS = ("block_size", "rank", "boundaries", "skip_path", "shortcut_rank")
 
 PRESETS = {
     # Fits in well under 20 minutes on a 2-core CPU with the bundled model: a smoke run of the
@@ -75,7 +78,11 @@ class PipelineConfig:
         return CalibrateOptions(delta=self.delta, **PRESETS[self.preset]["calibrate"])
 
     def eval_options(self) -> EvalOptions:
-        return EvalOptions(quiet=True, **PRESETS[self.preset]["eval"])
+        # The budgeted policy is the run's ReSkip (calibrate stores the frontier); every method is
+        # also measured on the held-out source, with the thresholds calibrated on the run's data.
+        heldout = [s for s in HELDOUT if s not in self.data]
+        return EvalOptions(quiet=True, mc_methods=parse_specs(list(MC_METHODS), METHOD_KINDS), heldout=heldout or None,
+                           **PRESETS[self.preset]["eval"])
 
     def diagnose_options(self) -> DiagnoseOptions:
         return DiagnoseOptions(**PRESETS[self.preset]["diagnose"])

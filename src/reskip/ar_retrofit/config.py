@@ -13,6 +13,7 @@ ADAPTER_CONFIG_NAME = "adapter_config.json"
 ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"
 
 ACTIVATIONS = ("silu", "gelu", "relu")
+SKIP_PATHS = ("identity", "shortcut")
 
 
 def default_rank(hidden_size: int) -> int:
@@ -39,6 +40,12 @@ class RetrofitConfig:
     prev_logit_init: initial routing logit of the previous block's state h_{n-1}
         over every other source (which start at 0): a mild peak on n-1, not one-hot.
     router_init_std: std of the router query w_n at init.
+    skip_path: what replaces a skipped block n: `identity` (the seed's, h_n = x_n) or `shortcut`
+        (h_n = x_n + S_n(x_n), S_n(x) = W_up sigma(W_down x) of rank `shortcut_rank`, W_up zero at
+        init so it starts as the identity exactly; blocks 2..N-1 only: the first and last are
+        never worth skipping). Trained in the skip branch; the skipped layers' K/V still come from
+        the block's unchanged input x_n.
+    shortcut_rank: None -> the adapter's rank.
     """
 
     block_size: int = 4
@@ -48,6 +55,8 @@ class RetrofitConfig:
     up_init_std: float = 1e-3
     prev_logit_init: float = 2.0
     router_init_std: float = 0.02
+    skip_path: str = "identity"
+    shortcut_rank: int | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -65,11 +74,22 @@ class RetrofitConfig:
                 raise RetrofitConfigError(
                     f"boundaries must be strictly increasing positive layer indices, got {self.boundaries!r}"
                 )
+        if self.skip_path not in SKIP_PATHS:
+            raise RetrofitConfigError(f"skip_path must be one of {SKIP_PATHS}, got {self.skip_path!r}")
+        if self.shortcut_rank is not None and (not isinstance(self.shortcut_rank, int) or self.shortcut_rank <= 0):
+            raise RetrofitConfigError(f"shortcut_rank must be a positive integer (or None: the adapter's rank), "
+                                      f"got {self.shortcut_rank!r}")
         if not self.up_init_std > 0:
             raise RetrofitConfigError("up_init_std must be > 0: W_up starts small but nonzero")
 
     def resolved_rank(self, hidden_size: int) -> int:
         return self.rank if self.rank is not None else default_rank(hidden_size)
+
+    def resolved_shortcut_rank(self, hidden_size: int) -> int | None:
+        """The shortcut's rank, or None when skipped blocks are the identity."""
+        if self.skip_path != "shortcut":
+            return None
+        return self.shortcut_rank if self.shortcut_rank is not None else self.resolved_rank(hidden_size)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

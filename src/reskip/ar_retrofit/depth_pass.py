@@ -101,17 +101,24 @@ class DepthPass:
             fs.append(self.states[len(fs)].float())
         self.sources = torch.stack(fs[:n], dim=-2)
 
+    def skipped_output(self, n: int, x: torch.Tensor) -> torch.Tensor:
+        """h_n of skipped block n from x_n: the identity, or the learned shortcut when the retrofit has one
+        (never with the side-channel off: the backbone's own ablation is the identity)."""
+        return self.side_channel.skipped_output(n, x) if self.enabled else x
+
     def leave_block(self, n: int, hidden: torch.Tensor) -> torch.Tensor:
         """Called after block n's last layer with h_n; returns the h_n the stream continues with."""
         if self.replay is not None and n <= self.replay[0]:
             k, cap, identity = self.replay
             if n < k:
                 return hidden  # placeholder flowing through un-run blocks; replaced at block k
-            hidden = cap.inputs[k] if identity else cap.states[k]
+            hidden = self.skipped_output(k, cap.inputs[k]) if identity else cap.states[k]
             self.states = cap.states[:k] + [hidden]
             self.float_states = [] if cap.sources is None else list(cap.sources[..., :k, :].unbind(-2))
             self.inputs = {j: x for j, x in cap.inputs.items() if j <= k}
         else:
+            if n in self.idle:  # skipped: `hidden` is x_n, passed through its layers unchanged
+                hidden = self.skipped_output(n, hidden)
             self.states.append(hidden)
         if n == self.n_blocks:
             if self.capture:
@@ -158,7 +165,9 @@ class BlockLayer(nn.Module):
             if dp.position_skip:
                 mask = dp.position_skip.get(n)
                 if mask is not None:  # reference mode: identity at the skipped positions only
-                    h = torch.where(mask[..., None], hidden_states, compat.layer_hidden(out))
+                    # every layer of the block passes x_n through there; the last also adds the shortcut
+                    kept = dp.skipped_output(n, hidden_states) if self.is_last else hidden_states
+                    h = torch.where(mask[..., None], kept, compat.layer_hidden(out))
                     out = compat.identity_output(h)
         else:
             if dp.replay is None and compat.layer_cache(kwargs) is not None:

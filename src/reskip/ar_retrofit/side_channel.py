@@ -108,6 +108,22 @@ class LowRankAdapter(nn.Module):
         return self.up(self.act(self.down(u)))
 
 
+class SkipShortcut(nn.Module):
+    """S_n(x) = W_up sigma(W_down x) for a skipped block n; W_up starts at exactly zero, so a skipped
+    block is the identity until training moves it. Computed in float32, returned in x's dtype."""
+
+    def __init__(self, hidden_size: int, rank: int, config: RetrofitConfig, generator: torch.Generator):
+        super().__init__()
+        self.adapter = LowRankAdapter(hidden_size, rank, config, generator)
+        with torch.no_grad():
+            self.adapter.up.weight.zero_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x + S(x): block n's output when it is skipped (B, T, d)."""
+        s = self.adapter(x.float())
+        return x + (s if x.dtype == torch.float32 else s.to(x.dtype))
+
+
 class BlockTensors(NamedTuple):
     """One block's side-channel tensors, read once per pass (a pass never changes them).
 
@@ -188,11 +204,26 @@ class SideChannel(nn.Module):
         self.per_block = nn.ModuleDict(
             {str(n): BlockSideChannel(hidden_size, n, rank, config, generator) for n in range(2, n_blocks + 1)}
         )
+        # Made after the blocks' modules, so an identity-path retrofit draws the same numbers as before.
+        shortcut_rank = config.resolved_shortcut_rank(hidden_size)
+        self.shortcut_rank = shortcut_rank
+        self.shortcuts = nn.ModuleDict(
+            {str(n): SkipShortcut(hidden_size, shortcut_rank, config, generator) for n in range(2, n_blocks)}
+        ) if shortcut_rank is not None else None
         self.curriculum = 1.0
         self._pass_tensors = DerivedCache()
 
     def block(self, n: int) -> BlockSideChannel:
         return self.per_block[str(n)]
+
+    def skipped_output(self, n: int, x: torch.Tensor) -> torch.Tensor:
+        """h_n of a skipped block n from its input x_n: x_n itself (identity), or x_n + S_n(x_n)."""
+        if self.shortcuts is None or str(n) not in self.shortcuts:
+            return x
+        return self.shortcuts[str(n)](x)
+
+    def shortcut_modules(self) -> list[SkipShortcut]:
+        return [m for m in self.modules() if isinstance(m, SkipShortcut)]
 
     def routers(self) -> list[DepthRouter]:
         """The depth routers of blocks 2..N, in order."""
@@ -214,9 +245,9 @@ class SideChannel(nn.Module):
         return self._pass_tensors.get(params, c, compute)
 
 
-def count_side_channel_params(hidden_size: int, n_blocks: int, rank: int) -> int:
+def count_side_channel_params(hidden_size: int, n_blocks: int, rank: int, shortcut_rank: int | None = None) -> int:
     """Closed form of the parameters `SideChannel` creates (checked against it in the tests)."""
-    total = 0
+    total = 0 if shortcut_rank is None else 2 * hidden_size * shortcut_rank * max(0, n_blocks - 2)
     for n in range(2, n_blocks + 1):
         total += hidden_size + n * hidden_size  # w_n and b_i
         total += 2 * hidden_size * rank  # W_down, W_up

@@ -77,6 +77,8 @@ class ParamReport:
     new_params: int
     rank: int
     blocks: list[list[int]]
+    shortcut_params: int = 0  # of new_params: the skip path's shortcuts S_n (0 for the identity)
+    shortcut_rank: int | None = None
 
     @property
     def fraction(self) -> float:
@@ -93,6 +95,8 @@ class ParamReport:
             "rank": self.rank,
             "n_blocks": len(self.blocks),
             "blocks": self.blocks,
+            "shortcut_params": self.shortcut_params,
+            "shortcut_rank": self.shortcut_rank,
         }
 
 
@@ -106,6 +110,7 @@ def count_params(config, retrofit_config: RetrofitConfig, name: str = "") -> Par
     with torch.device("meta"):
         side = SideChannel(config.hidden_size, len(blocks), retrofit_config)
     new = sum(p.numel() for p in side.parameters())
+    shortcut = sum(p.numel() for m in side.shortcut_modules() for p in m.parameters())
     return ParamReport(
         backbone=name or config.model_type,
         family=config.model_type,
@@ -113,4 +118,6 @@ def count_params(config, retrofit_config: RetrofitConfig, name: str = "") -> Par
         new_params=new,
         rank=side.rank,
         blocks=inclusive_ranges(blocks),
+        shortcut_params=shortcut,
+        shortcut_rank=side.shortcut_rank,
     )

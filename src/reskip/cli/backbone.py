@@ -38,7 +38,9 @@ def cmd_params(args) -> int:
     _emit(report, args.json, [
         f"{report['backbone']} ({report['family']}): {report['backbone_params']:,} backbone parameters",
         f"  side-channel at rank {report['rank']}, {report['n_blocks']} blocks: "
-        f"{report['new_params']:,} new parameters = {report['percent']:.3f}%",
+        f"{report['new_params']:,} new parameters = {report['percent']:.3f}%"
+        + (f" (of which {report['shortcut_params']:,} in the rank-{report['shortcut_rank']} skip shortcuts)"
+           if report["shortcut_params"] else ""),
     ])
     return 0
 

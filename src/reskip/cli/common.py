@@ -33,6 +33,9 @@ def retrofit_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-size", type=int, default=None, help="layers per block (default 4)")
     p.add_argument("--boundaries", default=None, help="explicit block starts, e.g. 4,8,12 (overrides --block-size)")
     p.add_argument("--rank", type=int, default=None, help="adapter rank (default: 256 if d >= 1024, else 64)")
+    p.add_argument("--skip-path", choices=("identity", "shortcut"), default=None,
+                   help="a skipped block is the identity (default) or x + S_n(x), a learned low-rank shortcut")
+    p.add_argument("--shortcut-rank", type=int, default=None, help="rank of S_n (default: the adapter's)")
 
 
 def adapter_flag(p: argparse.ArgumentParser) -> None:
@@ -50,7 +53,8 @@ def parse_boundaries(text: str | None) -> list[int] | None:
 
 def retrofit_values(args) -> dict:
     """The retrofit flags that were given, as RetrofitConfig keys."""
-    values = {"block_size": args.block_size, "rank": args.rank, "boundaries": parse_boundaries(args.boundaries)}
+    values = {"block_size": args.block_size, "rank": args.rank, "boundaries": parse_boundaries(args.boundaries),
+              "skip_path": args.skip_path, "shortcut_rank": args.shortcut_rank}
     return {k: v for k, v in values.items() if v is not None}
 
 

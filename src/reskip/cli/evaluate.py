@@ -15,7 +15,8 @@ def eval_options(args) -> EvalOptions:
                        mc_methods=parse_specs(args.mc_methods, METHOD_KINDS), mc_limit=args.mc_limit,
                        sequences=args.sequences, seq_len=args.seq_len, chunk_size=args.chunk_size, window=args.window,
                        seed=args.seed, data=args.data, model=args.model, dtype=args.dtype,
-                       trust_remote_code=args.trust_remote_code, out=args.out, quiet=args.quiet)
+                       trust_remote_code=args.trust_remote_code, out=args.out, quiet=args.quiet,
+                       heldout=args.heldout or None)
 
 
 def cmd_eval(args) -> int:
@@ -43,6 +44,8 @@ def register(sub) -> None:
     p.add_argument("--mc-limit", type=int, default=d.mc_limit, help="questions per benchmark (deterministic sample)")
     model_flags(p, dtype=True)
     p.add_argument("--data", nargs="+", help="data specs (default: the run's); the test split is used")
+    p.add_argument("--heldout", nargs="+", help="data specs of a source kept out of training and calibration "
+                                                "(e.g. kjv): every method on its test split too (policy drift)")
     p.add_argument("--sequences", type=int, default=d.sequences, help=f"test sequences (default {d.sequences})")
     p.add_argument("--seq-len", type=int, default=None)
     p.add_argument("--chunk-size", type=int, default=d.chunk_size,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..runs import RunFolder
 from ..train.log import format_summary
-from .common import parse_boundaries, retrofit_flags
+from .common import retrofit_flags, retrofit_values
 
 TRAIN_FLAGS = ("steps", "batch_size", "seq_len", "lr")
 
@@ -18,9 +18,8 @@ TRAIN_FLAGS = ("steps", "batch_size", "seq_len", "lr")
 def cmd_run(args) -> int:
     from ..pipeline import PipelineConfig, run_pipeline  # lazy: torch
 
-    overrides = {k: getattr(args, k) for k in (*TRAIN_FLAGS, "block_size", "rank") if getattr(args, k) is not None}
-    if args.boundaries is not None:
-        overrides["boundaries"] = parse_boundaries(args.boundaries)
+    overrides = {k: getattr(args, k) for k in TRAIN_FLAGS if getattr(args, k) is not None}
+    overrides.update(retrofit_values(args))
     config = PipelineConfig(preset=args.preset, model=args.model, data=args.data or ["default"], overrides=overrides,
                             delta=args.delta)
     out = Path(args.resume or args.out or f"runs/run-{time.strftime('%Y%m%d-%H%M%S')}")

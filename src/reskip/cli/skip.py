@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..errors import check_range
+from ..errors import ReskipError, check_range
 from ..skip.options import CalibrateOptions
 from ..skip.spec import GRAMMAR, parse_spec
 from .common import adapter_flag, model_flags
@@ -15,11 +15,27 @@ from .common import adapter_flag, model_flags
 def cmd_calibrate(args) -> int:
     from ..skip.stage import calibrate_run, format_policy  # lazy: torch
 
-    options = CalibrateOptions(**{f.name: getattr(args, f.name) for f in dataclasses.fields(CalibrateOptions)})
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(CalibrateOptions)}
+    options = CalibrateOptions(**{**values, "budgets": parse_budgets(args.budgets)})
     policy, path = calibrate_run(args.adapter, options)
     print(format_policy(policy))
     print(f"wrote {path}")
     return 0
+
+
+def parse_budgets(text: str) -> tuple[float, ...]:
+    """"0.5,1,2" -> (0.5, 1.0, 2.0); "none" -> () (no frontier)."""
+    if text.strip().lower() == "none":
+        return ()
+    try:
+        values = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise ReskipError(f"--budgets takes comma-separated numbers of blocks per step, e.g. 0.5,1,2 (or none); "
+                          f"got {text!r}") from None
+    bad = [v for v in values if not v > 0]
+    if bad:
+        raise ReskipError(f"--budgets: every budget must be > 0 blocks per step, got {text!r}")
+    return values
 
 
 def cmd_generate(args) -> int:
@@ -58,6 +74,11 @@ def register(sub) -> None:
                    help=f"M_max: blocks skipped per step at most (default {d.max_skips})")
     p.add_argument("--sequences", type=int, default=d.sequences, help=f"calibration sequences (default {d.sequences})")
     p.add_argument("--seq-len", type=int, default=d.seq_len, help="default: the run's seq_len, else 256")
+    p.add_argument("--budgets", default=",".join(f"{b:g}" for b in d.budgets),
+                   help="budget frontier: target mean blocks skipped per step, comma-separated, or none "
+                        f"(default {','.join(f'{b:g}' for b in d.budgets)}); used by reskip:budget=B")
+    p.add_argument("--chunk-size", type=int, default=d.chunk_size,
+                   help=f"tokens per step when the budgets are measured, as reskip eval scores (default {d.chunk_size})")
     p.add_argument("--out", help="policy file (default: RUN/policy.json)")
     p.set_defaults(func=cmd_calibrate)
 

@@ -1,4 +1,4 @@
-"""Resolve data specs ("default", files, folders, HF dataset ids) into four disjoint splits."""
+"""Resolve data specs ("default", "kjv", files, folders, HF dataset ids) into four disjoint splits."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..errors import ReskipError
 from .documents import SPLITS, Document, read_hf_dataset, read_user_file, split_of
+from .heldout import HELDOUT_SOURCES, kjv_documents
 from .mix import default_mix
 
 TEXT_SUFFIXES = (".txt", ".md", ".jsonl", ".py", ".rst")
@@ -26,7 +27,9 @@ def load_splits(specs: list[str]) -> tuple[dict[str, list[Document]], dict]:
             record["parts"].append({"spec": spec, "manifest": manifest})
             continue
         path = Path(spec).expanduser()
-        if path.is_dir():
+        if spec in HELDOUT_SOURCES and not path.exists():
+            docs = kjv_documents()
+        elif path.is_dir():
             files = sorted(p for p in path.rglob("*") if p.suffix in TEXT_SUFFIXES and p.is_file())
             if not files:
                 raise ReskipError(f"folder {path} holds no {'/'.join(TEXT_SUFFIXES)} files")

@@ -3,7 +3,8 @@
 Counted: the weight matrices of each decoder layer (attention projections and the gated
 MLP), 2 FLOPs per multiply-add, per token. Not counted: attention scores (they grow with
 context and are the same for every method at a given length), norms, rotary, the LM head
-and the side-channel (reported separately). A skipped layer still computes its k/v
+and the side-channel (reported separately). Counted when a block is skipped: its learned
+shortcut S_n, if the retrofit has one (`shortcut_flops`). A skipped layer still computes its k/v
 projections for the cache (see `reskip.ar_retrofit.kv_cache`).
 """
 
@@ -29,16 +30,24 @@ class LayerFlops:
 
 
 def executed_share(blocks: list[range], skipped_per_step: list[list[int]], tokens_per_step: list[int],
-                   flops: LayerFlops) -> tuple[float, float]:
-    """(executed layer FLOPs, dense layer FLOPs) over the steps of one scored sequence."""
+                   flops: LayerFlops, shortcut: dict[int, int] | None = None) -> tuple[float, float]:
+    """(executed layer FLOPs, dense layer FLOPs) over the steps of one scored sequence. shortcut: per
+    block, the FLOPs per token of its skip shortcut S_n, paid when it is skipped (`shortcut_flops`)."""
     sizes = {n: len(b) for n, b in enumerate(blocks, start=1)}
     n_layers = sum(sizes.values())
+    shortcut = shortcut or {}
     executed = dense = 0.0
     for skipped, tokens in zip(skipped_per_step, tokens_per_step):
         skipped_layers = sum(sizes[n] for n in skipped)
-        executed += tokens * ((n_layers - skipped_layers) * flops.full + skipped_layers * flops.kv_only)
+        executed += tokens * ((n_layers - skipped_layers) * flops.full + skipped_layers * flops.kv_only
+                              + sum(shortcut.get(n, 0) for n in skipped))
         dense += tokens * n_layers * flops.full
     return executed, dense
+
+
+def shortcut_flops(hidden_size: int, rank: int | None) -> int:
+    """Per token, a skipped block's shortcut S_n (W_down and W_up, 2 FLOPs per MAC); 0 for the identity."""
+    return 0 if rank is None else 2 * 2 * hidden_size * rank
 
 
 def side_channel_flops(hidden_size: int, rank: int, n_blocks: int) -> int:

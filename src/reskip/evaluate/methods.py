@@ -12,6 +12,7 @@ a non-zero change rate there is a bug).
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, field
 
 import torch
@@ -24,7 +25,7 @@ from ..skip.policies import NoSkip, SkipPolicy
 from ..skip.policy_file import PolicyFile, make_policy
 from ..skip.scoring import score
 from ..skip.spec import METHOD_GRAMMAR, Spec, parse_spec
-from .flops import LayerFlops, executed_share
+from .flops import LayerFlops, executed_share, shortcut_flops
 
 
 @dataclass
@@ -35,9 +36,19 @@ class Method:
 
 def parse_methods(specs: list[Spec], policy_file: PolicyFile | None, seed: int = 0) -> list[Method]:
     """Methods from parsed specs (`parse_spec(text, METHOD_KINDS)`); a method is named as its spec
-    was written. `matched` is expanded later, once ReSkip's mean skips are known."""
+    was written. `budgets` becomes reskip:budget=B for each budget of the policy file's frontier;
+    `matched` is expanded later, once ReSkip's mean skips are known."""
     out = []
     for spec in specs:
+        if spec.kind == "budgets":
+            if policy_file is None:
+                raise ReskipError("method 'budgets' needs policy.json: run `reskip calibrate` first")
+            if not policy_file.budgets():
+                print("note: the policy file has no budget frontier, so 'budgets' adds no method "
+                      "(calibrate with --budgets to store one)", file=sys.stderr)
+            out += [Method(f"reskip:budget={b:g}", policy_file.budget(b)) for b in policy_file.budgets()
+                    if f"reskip:budget={b:g}" not in {m.name for m in out}]
+            continue
         if spec.kind in ("backbone", "matched"):
             out.append(Method(spec.text, None))
             continue
@@ -51,13 +62,16 @@ def parse_methods(specs: list[Spec], policy_file: PolicyFile | None, seed: int =
 
 
 def matched_methods(policy_file: PolicyFile, mean_skips: float, seed: int = 0) -> list[Method]:
-    """static, influence and random baselines at (about) ReSkip's mean skipped blocks per step."""
+    """static, influence and random baselines at ReSkip's mean skipped blocks per step (to 2 decimals).
+    A fractional mean is matched by a mix of k and k + 1 whole blocks across steps (`StaticSkip`)."""
     eligible = policy_file.eligible()
-    k = max(1, round(mean_skips))
+    k = round(mean_skips, 2)
+    k = int(k) if k == int(k) else k
     out = []
     if k <= len(eligible):
-        out.append(Method(f"static:{k}", policy_file.static(k)))
-    out.append(Method(f"influence:{k}", policy_file.influence(k)))
+        out.append(Method(f"static:{k:g}", policy_file.static(k)))
+    if k <= len(policy_file.blocks):
+        out.append(Method(f"influence:{k:g}", policy_file.influence(k)))
     if eligible:
         p = min(1.0, mean_skips / len(eligible))
         spec = parse_spec(f"random:{p:.3f}")
@@ -105,6 +119,9 @@ class Tally:
 def evaluate_methods(model: ReskipModel, data: Packed, methods: list[Method], window: int, chunk_size: int,
                      policy_file: PolicyFile | None = None, seed: int = 0, progress=None) -> dict[str, dict]:
     flops = LayerFlops.of(model.base_model.config)
+    side = model.side_channel
+    per_shortcut = shortcut_flops(side.hidden_size, side.shortcut_rank)
+    shortcut = {n: per_shortcut for n in range(2, model.n_blocks)} if side.shortcuts is not None else {}
     expand = any(m.name == "matched" for m in methods)
     methods = [m for m in methods if m.name != "matched"]
     tallies = {m.name: Tally() for m in methods}
@@ -132,7 +149,7 @@ def evaluate_methods(model: ReskipModel, data: Packed, methods: list[Method], wi
             tally.changed_where_holds += int((holds & changed).sum())
             tally.changed += int(changed.sum())
             tally.margin_measured = True
-        executed, dense = executed_share(model.blocks, steps, lengths, flops)
+        executed, dense = executed_share(model.blocks, steps, lengths, flops, shortcut)
         tally.executed += executed
         tally.dense += dense
         tally.skipped_per_step.extend(len(s) for s in steps)

@@ -6,7 +6,9 @@ from dataclasses import dataclass, field
 
 from ..skip.spec import METHOD_KINDS, Spec, parse_specs
 
-DEFAULT_METHODS = ("backbone", "retrofit", "reskip:0.3:2", "reskip:0.5:2", "reskip:0.7:2", "reskip:0.5:1", "matched")
+# The budgeted frontier (when the policy file has one) and the seed's quantile rule at about one
+# block per step, each with static, influence and random at its measured mean skips.
+DEFAULT_METHODS = ("backbone", "retrofit", "budgets", "reskip:0.5:1", "matched")
 DEFAULT_MC_METHODS = ("backbone", "retrofit", "reskip")
 
 
@@ -19,7 +21,8 @@ class EvalOptions:
     """methods / mc_methods: parsed specs (`skip.spec`). benchmarks: "mmlu", "bigbench:TASK"; empty:
     no multiple choice. sequences x seq_len: test data (seq_len None: the run's, else 256), scored in
     chunks of chunk_size tokens (one step per chunk). window None: the policy file's. out: folder
-    for results.json / results.md (None: RUN/eval)."""
+    for results.json / results.md (None: RUN/eval). heldout: data specs of a source kept out of
+    training and calibration (e.g. ["kjv"]); every method is evaluated on its test split too."""
 
     methods: list[Spec] = field(default_factory=lambda: _specs(DEFAULT_METHODS))
     benchmarks: list[str] = field(default_factory=lambda: ["mmlu"])
@@ -36,3 +39,4 @@ class EvalOptions:
     trust_remote_code: bool = False
     out: str | None = None
     quiet: bool = False
+    heldout: list[str] | None = None

@@ -9,6 +9,9 @@ and results.md. This module owns the schema of results.json:
     multiple_choice: method -> benchmark -> {acc, acc_norm, chance, n}
     frontier:        one point per method: flops_executed_share, blocks_executed_share, ppl_ratio,
                      top1_agreement
+    heldout:         (with `heldout` data) data, test_split, sequences, methods, frontier: the same methods
+                     (the matched ones included, by name) on a source kept out of training and
+                     calibration, with the policy calibrated on the run's data: the policy's drift
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from ..io_atomic import atomic_write_json, atomic_write_text
 from ..skip.session import open_run, resolve_adapter
 from .methods import evaluate_methods, parse_methods
 from .multiple_choice import load_benchmark, mc_accuracy
+from ..skip.spec import METHOD_KINDS, parse_specs
 from .options import EvalOptions
 from .tables import markdown
 
@@ -51,6 +55,13 @@ def evaluate_run(run, options: EvalOptions = EvalOptions()) -> tuple[dict, Path]
     splits, record = load_splits(specs)
     if not splits["test"]:
         raise ReskipError(f"the test split of {specs} is empty")
+    if options.heldout:
+        if set(options.heldout) & set(specs):
+            raise ReskipError(f"--heldout {options.heldout} is part of the evaluation data {specs}: a held-out "
+                              "source must be one the run did not train or calibrate on")
+        heldout_splits, heldout_record = load_splits(list(options.heldout))
+        if not heldout_splits["test"]:
+            raise ReskipError(f"the test split of the held-out data {options.heldout} is empty")
     opened = open_run(run, model=options.model, dtype=getattr(torch, options.dtype), window=options.window,
                       seed=options.seed, trust_remote_code=options.trust_remote_code)
     model, tok, window = opened.model, opened.tokenizer, opened.window
@@ -66,23 +77,47 @@ def evaluate_run(run, options: EvalOptions = EvalOptions()) -> tuple[dict, Path]
         for b, qs in questions.items():
             print(f"[eval] {b} with {m.name} ({len(qs)} questions)", flush=True)
             mc.setdefault(m.name, {})[b] = mc_accuracy(model, tok, qs, m.policy, window)
-    frontier = [{"method": name, "flops_executed_share": r["flops_executed_share"],
-                 "blocks_executed_share": 1 - r["mean_skipped"] / model.n_blocks, "ppl_ratio": r["ppl_ratio"],
-                 "top1_agreement": r["top1_agreement"]} for name, r in results.items()]
     out = {
         "meta": {"adapter": str(source.adapter_dir), "policy": str(source.policy_path) if policy_file else None,
                  "sequences": len(data), "seq_len": seq_len, "chunk_size": options.chunk_size, "window": window,
                  "n_blocks": model.n_blocks, "test_split": record["splits"]["test"], "data": specs},
         "methods": results,
         "multiple_choice": mc,
-        "frontier": frontier,
+        "frontier": frontier_of(results, model.n_blocks),
     }
+    if options.heldout:
+        held = pack(tok, heldout_splits["test"], seq_len, options.sequences, seed=0)
+        names = [n for n in results]
+        held_methods = parse_methods(parse_specs(names, METHOD_KINDS), policy_file, options.seed)
+        print(f"[eval] {len(held_methods)} methods on {len(held)} held-out sequences ({', '.join(options.heldout)})",
+              flush=True)
+        bar = tqdm(total=len(held), desc="eval held-out", unit="seq", disable=options.quiet)
+        held_results = evaluate_methods(model, held, held_methods, window, options.chunk_size, policy_file,
+                                        options.seed, progress=lambda i, n: bar.update(1))
+        bar.close()
+        for name, r in held_results.items():
+            if results[name].get("matched"):
+                r["matched"] = True
+        out["heldout"] = {"data": list(options.heldout), "test_split": heldout_record["splits"]["test"],
+                          "sequences": len(held), "methods": held_results,
+                          "frontier": frontier_of(held_results, model.n_blocks)}
     folder = Path(options.out) if options.out else source.files.eval_dir
     atomic_write_json(folder / "results.json", out)
     atomic_write_text(folder / "results.md", markdown(out))
     return out, folder
 
 
+def frontier_of(results: dict, n_blocks: int) -> list[dict]:
+    return [{"method": name, "flops_executed_share": r["flops_executed_share"],
+             "blocks_executed_share": 1 - r["mean_skipped"] / n_blocks, "ppl_ratio": r["ppl_ratio"],
+             "top1_agreement": r["top1_agreement"]} for name, r in results.items()]
+
+
 def margin_violations(results: dict) -> list[str]:
-    """Methods whose top-1 changed where 2 eps < Delta: impossible unless the skipping code is wrong."""
-    return [n for n, r in results["methods"].items() if r["top1_change_rate_where_margin_holds"] not in (None, 0.0)]
+    """Methods whose top-1 changed where 2 eps < Delta (in-domain or held out): impossible unless the
+    skipping code is wrong."""
+    tables = [("", results["methods"])]
+    if "heldout" in results:
+        tables.append(("held-out ", results["heldout"]["methods"]))
+    return [prefix + n for prefix, methods in tables for n, r in methods.items()
+            if r["top1_change_rate_where_margin_holds"] not in (None, 0.0)]

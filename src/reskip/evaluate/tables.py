@@ -29,4 +29,15 @@ def markdown(results: dict) -> str:
                  f"in chunks of {meta['chunk_size']} tokens (one step per chunk), window W = {meta['window']}. "
                  "eps = max |logit change| from skipping vs the retrofit without skipping; Delta = its top-1 minus "
                  "top-2 logit. Multiple choice: log-likelihood, one step per scored sequence.")
+    held = results.get("heldout")
+    if held:
+        lines += ["", f"Held-out source ({', '.join(held['data'])}: kept out of training and calibration; the policy as "
+                      f"calibrated on the run's data), {held['sequences']} sequences of its test split:", "",
+                  "| method | ppl | ppl / backbone | in-domain ppl / backbone | blocks skipped / step | "
+                  "in-domain blocks skipped / step | top-1 agree |", "|---|---|---|---|---|---|---|"]
+        for name, r in held["methods"].items():
+            own = methods.get(name, {})
+            lines.append(f"| {name}{' (matched)' if r.get('matched') else ''} | {_f(r['ppl'], '.3f')} | "
+                         f"{_f(r['ppl_ratio'], '.4f')} | {_f(own.get('ppl_ratio'), '.4f')} | {_f(r['mean_skipped'], '.2f')} | "
+                         f"{_f(own.get('mean_skipped'), '.2f')} | {_f(r['top1_agreement'], '.4f')} |")
     return "\n".join(lines) + "\n"

@@ -173,22 +173,40 @@ def fig_memory(mem):
     return "Depth-state memory", _png(fig), caption
 
 
+def _family(method: str) -> str:
+    if method.startswith("reskip:budget="):
+        return "reskip (budget)"
+    if method.startswith("reskip"):
+        return "reskip (quantile)"
+    return method.split(":")[0]
+
+
 def fig_frontier(results):
-    fig, ax = plt.subplots(figsize=(7.5, 4))
-    groups = {}
-    for f in results["frontier"]:
-        kind = f["method"].split(":")[0]
-        groups.setdefault(kind, []).append(f)
-    for kind, pts in groups.items():
-        pts = sorted(pts, key=lambda p: p["flops_executed_share"])
-        ax.plot([p["flops_executed_share"] for p in pts], [p["ppl_ratio"] for p in pts], marker="o",
-                ls="-" if kind == "reskip" else "", label=kind)
+    """Every method's point, in-domain (filled) and on the held-out source (hollow) when there is one."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    tables = [("", results["frontier"], "-", "o")]
+    if results.get("heldout"):
+        tables.append((f" ({', '.join(results['heldout']['data'])})", results["heldout"]["frontier"], ":", "s"))
+    colors = {}
+    for suffix, frontier, ls, marker in tables:
+        groups = {}
+        for f in frontier:
+            groups.setdefault(_family(f["method"]), []).append(f)
+        for kind, pts in groups.items():
+            pts = sorted(pts, key=lambda p: p["flops_executed_share"])
+            color = colors.setdefault(kind, f"C{len(colors)}")
+            ax.plot([p["flops_executed_share"] for p in pts], [p["ppl_ratio"] for p in pts], marker=marker, color=color,
+                    ls=ls if kind != "backbone" and kind != "retrofit" else "", label=kind + suffix,
+                    mfc="none" if suffix else color)
     ax.set_xlabel("share of layer FLOPs executed"); ax.set_ylabel("perplexity / backbone")
-    ax.invert_xaxis(); ax.legend(fontsize=8)
-    caption = ("Quality against compute on the test split: each point a method or operating point. Lower-left is better. "
-               "FLOPs are not wall-clock (see benchmarks/speed.py); the test split is small, so differences of a few "
-               "percent are within noise.")
-    return "Quality vs blocks executed", _png(fig), caption
+    ax.axhline(1.0, color="k", lw=0.5)
+    ax.invert_xaxis(); ax.legend(fontsize=7, ncol=2)
+    caption = ("Quality against compute on the test split: each point a method or operating point (static, influence "
+               "and random at each ReSkip point's measured mean skips; a fractional count mixes k and k + 1 blocks "
+               "across steps). Lower-left is better. Hollow markers: the same methods on the held-out source with the "
+               "thresholds calibrated on the run's data. FLOPs are not wall-clock (see benchmarks/speed.py); the "
+               "test split is small, so differences of a few percent are within noise.")
+    return "Quality vs compute, in and out of domain", _png(fig), caption
 
 
 def fig_signal_test(st):

@@ -93,6 +93,23 @@ def build_report(run_dir: Path, out: Path | None = None) -> Path:
         add_figure(fig_importance(pol))
         add_figure(fig_thresholds(pol))
         sections.append(_table(pol["blocks"], ["block", "layers", "A", "I", "cos_in_out", "tau", "quantile", "eligible"]))
+        budgets = pol.get("budgets")
+        if budgets and budgets.get("frontier"):
+            rows = []
+            for p in budgets["frontier"]:
+                st = p["candidates"].get("static")
+                rows.append({"budget": p["budget"], "chosen": p["chosen"], "mean_skipped": p["measured"]["mean_skipped"],
+                             "ppl / full": p["measured"]["ppl_ratio"],
+                             "static ppl / full": st["measured"]["ppl_ratio"] if st else None,
+                             "blocks (share of steps skipped)": ", ".join(
+                                 f"{n}: {b['fraction']:.2f}" + ("" if b["tau"] is None else f" (tau {b['tau']:.4f})")
+                                 for n, b in p["blocks"].items())})
+            sections.append("<h3>Budget frontier (calibration split)</h3>" + _table(rows, list(rows[0]))
+                            + f"<p>Per target budget (blocks skipped per step on average, steps of "
+                              f"{budgets['chunk_size']} tokens), the allocation of lowest measured calibration loss: "
+                              "the greedy allocation by the signal, or static pruning at the same budget, each measured "
+                              "as reskip eval runs it. These are calibration figures: the test split is in the "
+                              "evaluation below.</p>")
     else:
         missing.append("calibration (reskip calibrate)")
     diag = files["diagnostics.json"]
@@ -135,6 +152,17 @@ def build_report(run_dir: Path, out: Path | None = None) -> Path:
         if ev.get("multiple_choice"):
             mc_rows = [{"method": m, "benchmark": b, **r} for m, bs in ev["multiple_choice"].items() for b, r in bs.items()]
             sections.append("<h3>Multiple choice (log-likelihood)</h3>" + _table(mc_rows, ["method", "benchmark", "acc", "acc_norm", "chance", "n"]))
+        held = ev.get("heldout")
+        if held:
+            rows = [{"method": k, "ppl": v["ppl"], "ppl_ratio": v["ppl_ratio"],
+                     "in-domain ppl_ratio": ev["methods"].get(k, {}).get("ppl_ratio"), "mean_skipped": v["mean_skipped"],
+                     "in-domain mean_skipped": ev["methods"].get(k, {}).get("mean_skipped")}
+                    for k, v in held["methods"].items()]
+            sections.append(f"<h3>Policy drift: the held-out source ({html.escape(', '.join(held['data']))})</h3>"
+                            + _table(rows, list(rows[0]))
+                            + "<p>The same methods on a source kept out of training and calibration, with the "
+                              "thresholds calibrated on the run's data: a skip rate or a ratio that moves here is the "
+                              "deployment-specific drift of the thresholds.</p>")
         add_figure(fig_frontier(ev))
     else:
         missing.append("evaluation (reskip eval)")

@@ -7,6 +7,7 @@ is static pruning, `RandomSkip` the random baseline at a given rate.
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 
@@ -43,39 +44,61 @@ class NoSkip(SkipPolicy):
 
 @dataclass
 class ReSkip(SkipPolicy):
-    """Skip n when w_recent(n) > tau_n and n is eligible and fewer than max_skips were skipped this step."""
+    """Skip n when w_recent(n) > tau_n and n is eligible and fewer than max_skips were skipped this step.
+
+    `always`: eligible blocks skipped at every step whatever their signal (a budgeted allocation
+    that drops a whole block, as static pruning does); they still count toward max_skips."""
 
     tau: dict[int, float]
     eligible: set[int]
     max_skips: int
     name: str = "reskip"
+    always: frozenset[int] = frozenset()
 
     def skip(self, n, w_recent, skipped_so_far, step):
-        return n in self.eligible and skipped_so_far < self.max_skips and w_recent > self.tau[n]
+        if n not in self.eligible or skipped_so_far >= self.max_skips:
+            return False
+        return n in self.always or w_recent > self.tau[n]
 
     def reads_signal(self, n):
-        return n in self.eligible
+        return n in self.eligible and n not in self.always
 
     def describe(self):
-        return {"policy": self.name, "max_skips": self.max_skips, "eligible": sorted(self.eligible),
-                "tau": {str(k): v for k, v in sorted(self.tau.items())}}
+        out = {"policy": self.name, "max_skips": self.max_skips, "eligible": sorted(self.eligible),
+               "tau": {str(k): v for k, v in sorted(self.tau.items()) if k not in self.always}}
+        if self.always:
+            out["always"] = sorted(self.always)
+        return out
 
 
 @dataclass
 class StaticSkip(SkipPolicy):
-    """The same blocks for every step (static pruning)."""
+    """The same blocks for every step (static pruning).
+
+    A fractional count (static:1.5) adds `partial`, skipped at a share `fraction` of the steps,
+    spread evenly and deterministically over each sequence's steps (step s skips it when
+    floor((s + 1) f) > floor(s f)): a mix of k and k + 1 blocks whose mean is k + f."""
 
     blocks: set[int]
     name: str = "static"
+    partial: int | None = None
+    fraction: float = 0.0
 
     def skip(self, n, w_recent, skipped_so_far, step):
-        return n in self.blocks
+        if n in self.blocks:
+            return True
+        if n == self.partial:
+            return math.floor((step + 1) * self.fraction) > math.floor(step * self.fraction)
+        return False
 
     def reads_signal(self, n):
         return False
 
     def describe(self):
-        return {"policy": self.name, "blocks": sorted(self.blocks)}
+        out = {"policy": self.name, "blocks": sorted(self.blocks)}
+        if self.partial is not None:
+            out.update(partial=self.partial, fraction=self.fraction)
+        return out
 
 
 @dataclass

@@ -82,6 +82,13 @@ class PolicyFile:
             if b["tau"] is not None:
                 need(0.0 <= b["tau"] <= 1.0, f"tau of block {n} must lie in [0, 1] (a routing weight), got {b['tau']}")
             need(not (b["eligible"] and b["tau"] is None), f"block {n} is eligible but has no threshold")
+        for p in d.get("budgets", {}).get("frontier", []):
+            need(isinstance(p.get("budget"), (int, float)) and p["budget"] >= 0, f"frontier budget {p.get('budget')!r}")
+            for n, b in p.get("blocks", {}).items():
+                need(str(n).isdigit() and int(n) in seen, f"budget {p['budget']}: block {n} is not in blocks")
+                need(0.0 <= b.get("fraction", -1) <= 1.0, f"budget {p['budget']}: fraction of block {n} not in [0, 1]")
+                need(b.get("tau") is None or 0.0 <= b["tau"] <= 1.0, f"budget {p['budget']}: tau of block {n} "
+                     "must lie in [0, 1] or be null (skipped at every step)")
 
     def check_model(self, model: ReskipModel) -> None:
         """Refuse a model other than the backbone + adapter this policy was calibrated for."""
@@ -119,21 +126,39 @@ class PolicyFile:
             max_skips=self.data["max_skips"] if max_skips is None else max_skips,
         )
 
-    def static(self, k: int) -> StaticSkip:
-        """static:k - the k eligible blocks of lowest ablation cost A(n), for every step."""
+    def static(self, k: float) -> StaticSkip:
+        """static:k - the k eligible blocks of lowest ablation cost A(n), for every step (a
+        fractional k: the next block at a share k - floor(k) of the steps, see `StaticSkip`)."""
         pool = [b for b in self.data["blocks"] if b["eligible"]]
         if not 0 <= k <= len(pool):
-            raise PolicyError(f"static:{k} needs {k} eligible blocks; eligible: {sorted(self.eligible())}")
-        return StaticSkip({b["block"] for b in sorted(pool, key=lambda b: b["A"])[:k]}, name=f"static:{k}")
+            raise PolicyError(f"static:{k:g} needs {k:g} eligible blocks; eligible: {sorted(self.eligible())}")
+        return _ranked_static([b["block"] for b in sorted(pool, key=lambda b: b["A"])], k, f"static:{k:g}")
 
-    def influence(self, k: int) -> StaticSkip:
+    def influence(self, k: float) -> StaticSkip:
         """influence:k - ShortGPT: the k blocks whose output is most similar to their input
         (highest mean cosine similarity on the calibration split), eligible or not."""
         pool = [b for b in self.data["blocks"] if b.get("cos_in_out") is not None]
         if not 0 <= k <= len(pool):
-            raise PolicyError(f"influence:{k} needs {k} blocks; the policy has {len(pool)}")
-        ranked = sorted(pool, key=lambda b: -b["cos_in_out"])[:k]
-        return StaticSkip({b["block"] for b in ranked}, name=f"influence:{k}")
+            raise PolicyError(f"influence:{k:g} needs {k:g} blocks; the policy has {len(pool)}")
+        return _ranked_static([b["block"] for b in sorted(pool, key=lambda b: -b["cos_in_out"])], k,
+                              f"influence:{k:g}")
+
+    # ---- the budgeted frontier (`budget.calibrate_budgets`) ---------------------------------
+    def budgets(self) -> list[float]:
+        return [p["budget"] for p in self.data.get("budgets", {}).get("frontier", [])]
+
+    def budget(self, b: float) -> ReSkip:
+        """reskip:budget=B - the frontier point stored for budget B (blocks skipped per step on average)."""
+        points = {p["budget"]: p for p in self.data.get("budgets", {}).get("frontier", [])}
+        if not points:
+            raise PolicyError(f"{self.path or 'this policy'} has no budget frontier: run "
+                              "`reskip calibrate --budgets 0.5,1,2` to store one")
+        match = [p for v, p in points.items() if abs(v - b) < 1e-9]
+        if not match:
+            have = ", ".join(f"{v:g}" for v in sorted(points))
+            raise PolicyError(f"no budget {b:g} in the policy's frontier (it has {have}); pick one of those or "
+                              "recalibrate with `reskip calibrate --budgets ...`")
+        return policy_of_allocation(match[0]["blocks"], f"reskip:budget={b:g}")
 
     def make(self, spec: Spec, seed: int = 0) -> SkipPolicy:
         """The policy a parsed spec names (`spec.parse_spec`), from this file."""
@@ -142,6 +167,21 @@ class PolicyFile:
     def save(self, path) -> Path:
         atomic_write_json(Path(path), self.data)
         return Path(path)
+
+
+def _ranked_static(ranked: list[int], k: float, name: str) -> StaticSkip:
+    whole = int(k)
+    partial, fraction = (ranked[whole], k - whole) if k > whole else (None, 0.0)
+    return StaticSkip(set(ranked[:whole]), name=name, partial=partial, fraction=fraction)
+
+
+def policy_of_allocation(blocks: dict, name: str) -> ReSkip:
+    """A budgeted allocation {block: {"fraction", "tau"}} (tau None: skipped at every step) -> its ReSkip
+    policy, with no cap on the skips per step (the allocation itself sets how many)."""
+    chosen = {int(n): b for n, b in blocks.items() if b["fraction"] > 0}
+    always = frozenset(n for n, b in chosen.items() if b["tau"] is None)
+    return ReSkip(tau={n: b["tau"] for n, b in chosen.items() if n not in always}, eligible=set(chosen),
+                  max_skips=len(chosen), name=name, always=always)
 
 
 def dense_if_uncalibrated(spec: Spec, policy: PolicyFile | None, where) -> Spec:
@@ -161,6 +201,8 @@ def make_policy(spec: Spec, policy: PolicyFile | None, seed: int = 0) -> SkipPol
         raise PolicyError(f"{spec.text!r} is not a skip policy; valid: {GRAMMAR}")
     if policy is None:
         raise PolicyError(f"policy {spec.text!r} needs a calibrated policy.json (run `reskip calibrate`)")
+    if spec.kind == "reskip" and spec.budget is not None:
+        return policy.budget(spec.budget)
     if spec.kind == "reskip":
         return policy.reskip(spec.quantile, spec.max_skips)
     if spec.kind == "static":

@@ -5,14 +5,19 @@
     reskip               the calibrated ReSkip rule at the policy file's quantile and max_skips
     reskip:Q             ... with tau_n read at quantile Q of w_recent(n)      (0 <= Q <= 1)
     reskip:Q:M           ... and at most M blocks skipped per step             (M >= 0)
-    static:K             the K eligible blocks of lowest ablation cost A(n), at every step
-    influence:K          ShortGPT: the K blocks whose output is most like their input
+    reskip:budget=B      the budgeted thresholds for B blocks skipped per step on average, one
+                         point of the frontier that `reskip calibrate --budgets` stored
+    static:K             the K eligible blocks of lowest ablation cost A(n), at every step; a
+                         fractional K (1.5) mixes k and k + 1 blocks across steps (the (k+1)-th
+                         block at an evenly spread share K - k of the steps)
+    influence:K          ShortGPT: the K blocks whose output is most like their input (K as static)
     random:P             each eligible block skipped with probability P        (0 <= P <= 1)
     PATH.json            `reskip` from that policy file (where a single policy is asked for)
 Methods of `reskip eval` add three names:
     backbone             the backbone itself (side-channel off)
     retrofit             the retrofit without skipping (the same as `none`)
     matched              static, influence and random at each ReSkip point's mean skips
+    budgets              reskip:budget=B for every budget of the policy file's frontier
 """
 
 from __future__ import annotations
@@ -22,9 +27,9 @@ from dataclasses import dataclass
 from ..errors import ReskipError
 
 POLICY_KINDS = ("none", "reskip", "static", "influence", "random")
-METHOD_KINDS = ("backbone", "retrofit", "matched", *POLICY_KINDS)
-GRAMMAR = "none, reskip[:Q[:M]], static:K, influence:K, random:P"
-METHOD_GRAMMAR = "backbone, retrofit, matched, " + GRAMMAR
+METHOD_KINDS = ("backbone", "retrofit", "matched", "budgets", *POLICY_KINDS)
+GRAMMAR = "none, reskip[:Q[:M]], reskip:budget=B, static:K, influence:K, random:P"
+METHOD_GRAMMAR = "backbone, retrofit, matched, budgets, " + GRAMMAR
 
 
 class PolicyError(ReskipError):
@@ -43,8 +48,9 @@ class Spec:
     text: str
     quantile: float | None = None  # reskip
     max_skips: int | None = None  # reskip
-    k: int | None = None  # static, influence
+    k: float | None = None  # static, influence (an int unless fractional)
     p: float | None = None  # random
+    budget: float | None = None  # reskip:budget=B
     path: str | None = None  # reskip read from this policy file
 
     @property
@@ -72,11 +78,16 @@ def parse_spec(text: str, kinds: tuple[str, ...] = POLICY_KINDS, allow_path: boo
     if kind not in kinds:
         where = ", or a policy.json path" if allow_path else ""
         raise SpecError(f"unknown policy or method {text!r}; valid: {grammar}{where}")
-    if kind in ("none", "backbone", "retrofit", "matched"):
+    if kind in ("none", "backbone", "retrofit", "matched", "budgets"):
         if args:
             raise SpecError(f"{kind!r} takes no arguments, got {text!r}; valid: {grammar}")
         return Spec(kind, text)
     if kind == "reskip":
+        if args and args[0].startswith("budget="):
+            if len(args) > 1:
+                raise SpecError(f"reskip:budget=B takes no further arguments, got {text!r}")
+            b = _number(args[0][len("budget="):], float, "budget B", text, 0.0)
+            return Spec(kind, text, budget=b)
         if len(args) > 2:
             raise SpecError(f"reskip takes at most reskip:Q:M, got {text!r}")
         q = _number(args[0], float, "quantile Q", text, 0.0, 1.0) if args and args[0] else None
@@ -87,7 +98,8 @@ def parse_spec(text: str, kinds: tuple[str, ...] = POLICY_KINDS, allow_path: boo
         raise SpecError(f"{kind} needs one argument, {kind}:{arg}; got {text!r}")
     if kind == "random":
         return Spec(kind, text, p=_number(args[0], float, "probability P", text, 0.0, 1.0))
-    return Spec(kind, text, k=_number(args[0], int, "block count K", text, 0))
+    k = _number(args[0], float, "block count K", text, 0.0)
+    return Spec(kind, text, k=int(k) if k == int(k) else k)
 
 
 def parse_specs(texts: list[str], kinds: tuple[str, ...] = POLICY_KINDS) -> list[Spec]:

@@ -10,6 +10,7 @@ import torch
 from ..data.packing import pack
 from ..data.sources import load_splits
 from ..errors import ReskipError, check_range
+from .budget import calibrate_budgets
 from .calibration import calibrate
 from .options import CalibrateOptions
 from .policy_file import PolicyFile
@@ -20,8 +21,12 @@ def check_options(o: CalibrateOptions) -> None:
     """Refuse out-of-range options with one clear message, before anything loads."""
     for flag, value, lo, hi in (("delta", o.delta, 0.0, None), ("quantile", o.quantile, 0.0, 1.0),
                                 ("window", o.window, 1, None), ("max-skips", o.max_skips, 0, None),
-                                ("sequences", o.sequences, 1, None), ("seq-len", o.seq_len, 8, None)):
+                                ("sequences", o.sequences, 1, None), ("seq-len", o.seq_len, 8, None),
+                                ("chunk-size", o.chunk_size, 1, None)):
         check_range(flag, value, lo, hi)
+    for b in o.budgets:
+        if not (isinstance(b, (int, float)) and b > 0 and b == b):
+            raise ReskipError(f"--budgets: every budget must be a number > 0 (blocks skipped per step), got {b!r}")
 
 
 def calibrate_run(run, options: CalibrateOptions = CalibrateOptions()) -> tuple[PolicyFile, Path]:
@@ -39,6 +44,15 @@ def calibrate_run(run, options: CalibrateOptions = CalibrateOptions()) -> tuple[
     print(f"[calibrate] {len(data)} sequences x {seq_len} tokens from the calibration split of {source_specs}", flush=True)
     policy = calibrate(opened.model, data, options.delta, options.quantile, options.window, options.max_skips,
                        data_record={"specs": source_specs, "split": "calib", **record["splits"]["calib"]})
+    if options.budgets:
+        print(f"[calibrate] budget frontier at {', '.join(f'{b:g}' for b in options.budgets)} blocks per step "
+              f"(steps of {options.chunk_size} tokens)", flush=True)
+        policy.data["budgets"] = calibrate_budgets(opened.model, data, options.budgets, options.window,
+                                                   options.chunk_size)
+        policy.validate(opened.model.n_blocks)
+        for b in policy.data["budgets"]["unreachable"]:
+            print(f"warning: budget {b:g} is out of reach: this model has {opened.model.n_blocks - 1} blocks "
+                  "with a router", file=sys.stderr)
     out = Path(options.out) if options.out else source.policy_path
     policy.save(out)
     for n in input_independent_eligible(policy):
@@ -64,4 +78,14 @@ def format_policy(policy: PolicyFile) -> str:
         flag = "" if not sig or sig["status"] == "ok" else "  INPUT-INDEPENDENT"
         lines.append(f"{b['block']:>5}  {b['layers'][0]:>2}-{b['layers'][1]:<3}  {b['A']:<8.3f} {imp:<7} "
                      f"{b['cos_in_out']:<9.3f} {tau:<8} {span:<17} {'yes' if b['eligible'] else 'no'}{flag}")
+    budgets = policy.data.get("budgets")
+    if budgets and budgets["frontier"]:
+        lines += ["", f"budget frontier (calibration split, steps of {budgets['chunk_size']} tokens; ppl / full model):",
+                  "budget  chosen  measured skips/step  ppl ratio  static at the budget  blocks (share skipped)"]
+        for p in budgets["frontier"]:
+            st = p["candidates"].get("static")
+            st_txt = "-" if st is None else f"{st['measured']['ppl_ratio']:.4f}"
+            shares = ", ".join(f"{n}:{blk['fraction']:.2f}" for n, blk in p["blocks"].items())
+            lines.append(f"{p['budget']:<7g} {p['chosen']:<7} {p['measured']['mean_skipped']:<20.3f} "
+                         f"{p['measured']['ppl_ratio']:<10.4f} {st_txt:<21} {shares}")
     return "\n".join(lines)

@@ -12,10 +12,10 @@ from ..errors import ReskipError
 from ..ar_retrofit.config import RetrofitConfig, reject_unknown_keys
 
 REAL_FIELDS = ("lr", "router_lr_mult", "source_bias_lr_mult", "weight_decay", "warmup_frac", "min_lr_frac", "clip_norm", "lambda_kl", "lambda_ent",
-               "lambda_signal", "hold_frac", "ramp_end_frac",
+               "lambda_signal", "lambda_local", "hold_frac", "ramp_end_frac",
                "skip_fraction")
 INT_FIELDS = ("seq_len", "steps", "batch_size", "grad_accum", "eval_every", "eval_sequences", "save_every",
-              "log_every", "seed")
+              "log_every", "seed", "skip_max_blocks")
 
 
 @dataclass
@@ -28,6 +28,11 @@ class TrainConfig:
         last (which ablation shows are load-bearing on every backbone we measured).
     skip_fraction: the share of positions (drawn per step) at which the drawn block is identity in
         the skip branch; 1.0 (default) is the seed's whole-block skip, below 1 a token-level one.
+    lambda_local: with a skip shortcut, the weight of the local regression of x_n + S_n(x_n) onto the
+        block's real output h_n (`objective.local_regression`); 0 (default): the shortcut learns from the
+        skip branch's KL only.
+    skip_max_blocks: the skip branch drops 1..skip_max_blocks distinct blocks together (the count
+        drawn uniformly per step); 1 (default) is the seed's single block.
     hold_frac / ramp_end_frac: c(t) is 0 until hold_frac of training, 1 from ramp_end_frac.
     router_lr_mult / source_bias_lr_mult: the learning rate of the routers' queries w_n / of their
         per-source biases b_i, as multiples of lr. A router moves its logits by at most |w_n|, and
@@ -54,10 +59,12 @@ class TrainConfig:
     lambda_kl: float = 1.0
     lambda_ent: float = 0.01
     lambda_signal: float = 0.0
+    lambda_local: float = 0.0
     hold_frac: float = 0.02
     ramp_end_frac: float = 0.3
     skip_blocks: list[int] | None = None
     skip_fraction: float = 1.0
+    skip_max_blocks: int = 1
     eval_every: int = 25
     eval_sequences: int = 16
     save_every: int = 25
@@ -93,7 +100,8 @@ class TrainConfig:
             for w in self.data_weights.values())), f"data_weights must map sources to weights >= 0, got {self.data_weights!r}")
         need(isinstance(self.retrofit, dict), f"retrofit must be a mapping of retrofit keys, got {self.retrofit!r}")
         need(self.dtype in ("float32", "bfloat16"), f"dtype must be float32 or bfloat16, got {self.dtype!r}")
-        for name in ("seq_len", "steps", "batch_size", "grad_accum", "eval_sequences", "eval_every", "save_every", "log_every"):
+        for name in ("seq_len", "steps", "batch_size", "grad_accum", "eval_sequences", "eval_every", "save_every", "log_every",
+                     "skip_max_blocks"):
             v = getattr(self, name)
             need(isinstance(v, int) and v > 0, f"{name} must be a positive integer, got {v!r}")
         need(self.seq_len >= 8, f"seq_len must be >= 8, got {self.seq_len}")
@@ -104,7 +112,7 @@ class TrainConfig:
         need(0.0 < self.skip_fraction <= 1.0, f"skip_fraction must lie in (0, 1], got {self.skip_fraction!r}")
         for name in ("lr", "clip_norm", "router_lr_mult", "source_bias_lr_mult"):
             need(getattr(self, name) > 0, f"{name} must be > 0")
-        for name in ("weight_decay", "lambda_kl", "lambda_ent", "lambda_signal"):
+        for name in ("weight_decay", "lambda_kl", "lambda_ent", "lambda_signal", "lambda_local"):
             need(getattr(self, name) >= 0, f"{name} must be >= 0")
         need(bool(self.data), "data is empty: use ['default'] or files / dataset ids")
         per_step = world_size * self.grad_accum

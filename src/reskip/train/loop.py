@@ -27,7 +27,7 @@ from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import TrainConfig
 from .log import append_record, summarize, truncate_after
 from .objective import RetrofitObjective
-from .schedules import curriculum, drawn_block, learning_rate, skipped_positions
+from .schedules import curriculum, drawn_blocks, learning_rate, skipped_positions
 from .validation import evaluate
 
 
@@ -99,7 +99,7 @@ def train(
             raise ReskipError(f"{run_dir} has no checkpoint to resume from")
         state = load_checkpoint(ckpt, model, optimizer)
         start, tokens_seen = state["step"], state["tokens_seen"]
-    objective = RetrofitObjective(model, cfg.lambda_kl, cfg.lambda_ent, cfg.lambda_signal)
+    objective = RetrofitObjective(model, cfg.lambda_kl, cfg.lambda_ent, cfg.lambda_signal, cfg.lambda_local)
     objective, optimizer = accelerator.prepare(objective, optimizer)
     main = accelerator.is_main_process
     if main:
@@ -134,7 +134,8 @@ def train(
         model.set_curriculum(c)
         for group in optimizer.param_groups:
             group["lr"] = lr * group["lr_mult"]
-        k = drawn_block(step, cfg.seed, drawable)
+        dropped = drawn_blocks(step, cfg.seed, drawable, cfg.skip_max_blocks)
+        k, also = dropped[0], tuple(dropped[1:])
         # The global batch of this step, the same on every process; data cycles when exhausted.
         idx = [(step * cfg.batch_size + j) % n_train for j in range(cfg.batch_size)]
         ids, labels = train_data.input_ids[idx], train_data.labels[idx]
@@ -144,12 +145,13 @@ def train(
         # accelerate divides by grad_accum, hence the factor world * grad_accum.
         target_scale = world * cfg.grad_accum / max(n_targets, 1)
         position_scale = world * cfg.grad_accum / ids.numel()
-        totals = torch.zeros(5)
+        totals = torch.zeros(6)
         for m in range(cfg.grad_accum):
             lo = (m * world + rank) * micro
             with accelerator.accumulate(objective):
                 mask = None if positions is None else positions[lo : lo + micro]
-                terms = objective(ids[lo : lo + micro], labels[lo : lo + micro], k, target_scale, position_scale, mask)
+                terms = objective(ids[lo : lo + micro], labels[lo : lo + micro], k, target_scale, position_scale, mask,
+                                  also)
                 bad = (~torch.isfinite(terms["loss"].detach())).float().reshape(1)
                 if accelerator.reduce(bad, "sum").item() > 0:  # every process stops together
                     bar.close()
@@ -163,14 +165,16 @@ def train(
                     accelerator.clip_grad_norm_(model.trainable_parameters(), cfg.clip_norm)
                 optimizer.step()
                 optimizer.zero_grad()
-            totals += torch.stack([terms[x].float() for x in ("loss", "ce", "kl", "ent", "sig")])
+            totals += torch.stack([terms[x].float() for x in ("loss", "ce", "kl", "ent", "sig", "local")])
         totals = accelerator.reduce(totals, "sum") / (world * cfg.grad_accum)
         tokens_seen += ids.numel()
         done = step + 1
-        loss, ce, kl, ent, sig = totals.tolist()
+        loss, ce, kl, ent, sig, local = totals.tolist()
         if done % cfg.log_every == 0 or done == cfg.steps:
             log({"kind": "train", "step": done, "c": c, "lr": lr, "loss": loss, "ce": ce, "kl": kl,
-                 "entropy": ent, "signal_corr": sig, "skip_block": k, "tokens_seen": tokens_seen, "processes": world, "elapsed_s": time.time() - t0})
+                 "entropy": ent, "signal_corr": sig, "skip_block": k,
+                 **({"skip_blocks": dropped} if cfg.skip_max_blocks > 1 else {}),
+                 **({"local": local} if cfg.lambda_local > 0 else {}), "tokens_seen": tokens_seen, "processes": world, "elapsed_s": time.time() - t0})
         bar.set_postfix(loss=f"{loss:.3f}", ce=f"{ce:.3f}", kl=f"{kl:.3f}", c=f"{c:.2f}")
         bar.update(1)
         if done % cfg.eval_every == 0 or done == cfg.steps:

@@ -3,6 +3,9 @@
 The loss terms themselves are `reskip.losses`; the schedules that drive c(t), the learning rate
 and the drawn block are `schedules`.
 
+With a skip shortcut (`skip_path: shortcut`), an optional local term `lambda_local` regresses each
+shortcut's output onto its block's real output (`local_regression`).
+
 The optional fourth term (off by default, an experiment: docs/experiments.md) asks the drawn
 block k's router to put more weight on h_{k-1} where skipping k costs less: it is the Pearson
 correlation, over the micro-batch's labelled tokens, between alpha_{k-1 -> k} and the measured
@@ -23,16 +26,21 @@ class RetrofitObjective(nn.Module):
     """One micro-batch of the three-term loss. Wrapping it (not the model) in DDP keeps the
     teacher, full and skip passes inside a single forward, so gradients sync once."""
 
-    def __init__(self, model: ReskipModel, lambda_kl: float, lambda_ent: float, lambda_signal: float = 0.0):
+    def __init__(self, model: ReskipModel, lambda_kl: float, lambda_ent: float, lambda_signal: float = 0.0,
+                 lambda_local: float = 0.0):
         super().__init__()
         self.model = model
         self.lambda_kl = lambda_kl
         self.lambda_ent = lambda_ent
         self.lambda_signal = lambda_signal
+        self.lambda_local = lambda_local
 
     def forward(self, input_ids, labels, skip_block: int, target_scale: float, position_scale: float,
-                skip_mask: torch.Tensor | None = None):
+                skip_mask: torch.Tensor | None = None, also_skipped: tuple[int, ...] = ()):
         """Loss terms as sums over this micro-batch times the given scales (1 / global counts).
+
+        also_skipped: later blocks dropped together with `skip_block` in the skip branch (the joint skips
+        of a budget above one block per step); the signal term reads `skip_block`'s router only.
 
         skip_mask: (B, T) positions at which block `skip_block` is identity in the skip branch (None:
         all of them). A token-level skip branch sees what decode does when a policy skips a block at
@@ -48,10 +56,11 @@ class RetrofitObjective(nn.Module):
             cap = captured()
         # Skip branch: blocks before `skip_block` are the full pass's own (shared, not recomputed).
         if skip_mask is None:
-            with rm.replaying(cap, skip_block):
+            with rm.replaying(cap, skip_block), rm.blocks_skipped(*also_skipped):
                 skip = rm(input_ids=input_ids, use_cache=False).logits
         else:
-            with rm.continuing(cap, skip_block - 1), rm.skipping_positions({skip_block: skip_mask}):
+            masks = {n: skip_mask for n in (skip_block, *also_skipped)}
+            with rm.continuing(cap, skip_block - 1), rm.skipping_positions(masks):
                 skip = rm(input_ids=input_ids, use_cache=False).logits
         ce = ce_sum(full.logits, labels) * target_scale
         kl = kl_sum(teacher, skip) * position_scale
@@ -64,7 +73,23 @@ class RetrofitObjective(nn.Module):
             valid = F.pad(labels[:, 1:], (0, 1), value=-100) != -100  # (B, T): positions with a target
             sig = pearson(full.alphas[skip_block][..., -1][valid], cost[valid])
             loss = loss + self.lambda_signal * sig
-        return {"loss": loss, "ce": ce.detach(), "kl": kl.detach(), "ent": ent.detach(), "sig": sig.detach()}
+        local = torch.zeros(())
+        if self.lambda_local > 0 and rm.side_channel.shortcuts is not None:
+            local = local_regression(rm, cap)
+            loss = loss + self.lambda_local * local
+        return {"loss": loss, "ce": ce.detach(), "kl": kl.detach(), "ent": ent.detach(), "sig": sig.detach(),
+                "local": local.detach()}
+
+
+def local_regression(rm: ReskipModel, cap) -> torch.Tensor:
+    """Mean over the blocks with a shortcut of |x_n + S_n(x_n) - h_n|^2 / |h_n - x_n|^2 on the full pass's
+    own (detached) block inputs and outputs: 1 at init (S = 0), 0 if the shortcut reproduced the block.
+    Every shortcut learns from every step, not only when the skip branch draws its block."""
+    terms = []
+    for n, shortcut in rm.side_channel.shortcuts.items():
+        x, h = cap.inputs[int(n)].detach().float(), cap.states[int(n)].detach().float()  # (B, T, d)
+        terms.append((shortcut(x) - h).pow(2).sum() / (h - x).pow(2).sum().clamp_min(1e-12))
+    return torch.stack(terms).mean()
 
 
 def pearson(x: torch.Tensor, y: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:

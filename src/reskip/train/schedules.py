@@ -43,3 +43,14 @@ def skipped_positions(step: int, seed: int, shape: tuple[int, int], fraction: fl
 def drawn_block(step: int, seed: int, drawable: list[int]) -> int:
     """The block replaced by identity in the skip branch at `step`: the same on every process."""
     return random.Random(f"{seed}:{step}").choice(drawable)
+
+
+def drawn_blocks(step: int, seed: int, drawable: list[int], max_blocks: int = 1) -> list[int]:
+    """The blocks dropped together in the skip branch at `step`, in order: with `max_blocks` 1 the
+    one `drawn_block` (the seed's recipe, unchanged), else 1..max_blocks distinct drawable blocks
+    (the count uniform), so training sees the joint skips a budget of several blocks per step makes."""
+    if max_blocks <= 1:
+        return [drawn_block(step, seed, drawable)]
+    rng = random.Random(f"{seed}:{step}:joint")
+    count = rng.randint(1, min(max_blocks, len(drawable)))
+    return sorted(rng.sample(drawable, count))
