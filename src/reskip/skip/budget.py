@@ -35,7 +35,6 @@ from ..ar_retrofit.model import ReskipModel
 from .calibration import sliding_mean
 from .policy_file import policy_of_allocation
 from .scoring import score
-from .options import DEFAULT_BUDGETS  # noqa: F401  (re-exported: the budgets `reskip run` calibrates)
 
 LEVELS = (0.25, 0.5, 0.75, 1.0)
 ALWAYS = 1.0 - 1e-9  # a share at or above this: the block is skipped at every step (tau null)
@@ -88,6 +87,9 @@ def cost_curves(model: ReskipModel, data: Packed, window: int, chunk_size: int, 
     ce = {(n, f): 0.0 for n in stacked for f in levels}
     share = {(n, f): 0.0 for n in stacked for f in levels}
     row = 0
+    # A second full pass per batch, to capture its states: the thresholds are quantiles over the whole
+    # split, known only after the first loop, and keeping every batch's states instead would hold
+    # N x T x d x (2N_blocks) floats (some 300 MB at the standard preset).
     for ids, labels in batches:
         with model.capturing() as captured:
             model(input_ids=ids, use_cache=False)
@@ -163,15 +165,14 @@ def blocks_of(shares: dict[int, float], signals: dict[int, torch.Tensor | list[f
 
 
 @torch.no_grad()
-def measure(model: ReskipModel, data: Packed, blocks: dict[str, dict], window: int, chunk_size: int,
-            batch_size: int = 4) -> dict:
+def measure(model: ReskipModel, data: Packed, blocks: dict[str, dict], window: int, chunk_size: int) -> dict:
     """Run an allocation as `reskip eval` runs a policy (one sequence at a time, in chunks, exact cache):
     its loss, mean skips per step and the step signals it saw.
 
     (A batched emulation in the cache-free reference mode, deciding block by block in order since
     w_recent(n) depends only on the blocks before n, gave the same frontier to every printed digit on
     the bundled model but cost 1.4x the CPU time: it needs one pass per signal-read block, this one
-    pass in all. `batch_size` is unused here and kept for that alternative's signature.)"""
+    pass in all.)"""
     policy = policy_of_allocation(blocks, "budget")
     ce, n_targets, skipped, steps = 0.0, 0, 0, 0
     seen: dict[int, list[float]] = {n: [] for n in policy.eligible if n not in policy.always}
@@ -188,16 +189,16 @@ def measure(model: ReskipModel, data: Packed, blocks: dict[str, dict], window: i
     return {"ce": ce / n_targets, "mean_skipped": skipped / steps, "signals": seen}
 
 
-def _measure_refit(model, data, blocks: dict, window: int, chunk_size: int, batch_size: int) -> tuple[dict, dict]:
+def _measure_refit(model, data, blocks: dict, window: int, chunk_size: int) -> tuple[dict, dict]:
     """Measure an allocation; if it reads any signal, re-read its thresholds from the signals seen under
     it (skipping earlier blocks moves later routers' alpha) and measure again. (blocks, measurement)."""
-    first = measure(model, data, blocks, window, chunk_size, batch_size)
+    first = measure(model, data, blocks, window, chunk_size)
     if all(blk["tau"] is None for blk in blocks.values()):
         return blocks, first
     refit = {n: {"fraction": blk["fraction"],
                  "tau": None if blk["tau"] is None else threshold(first["signals"][int(n)], blk["fraction"])}
              for n, blk in blocks.items()}
-    return refit, measure(model, data, refit, window, chunk_size, batch_size)
+    return refit, measure(model, data, refit, window, chunk_size)
 
 
 def _measured(m: dict, ce_full: float) -> dict:
@@ -218,14 +219,13 @@ def calibrate_budgets(model: ReskipModel, data: Packed, budgets, window: int, ch
             unreachable.append(b)
             continue
         shares, predicted = found
-        signal_blocks, measured = _measure_refit(model, data, blocks_of(shares, curves.signals), window, chunk_size,
-                                                 batch_size)
+        signal_blocks, measured = _measure_refit(model, data, blocks_of(shares, curves.signals), window, chunk_size)
         candidates = {"signal": {"blocks": signal_blocks, "predicted_cost": predicted,
                                  "measured": _measured(measured, curves.ce_full)}}
         static = static_at(curves.points, b)
         if static is not None:
             static_blocks, measured = _measure_refit(model, data, blocks_of(static, curves.signals), window,
-                                                     chunk_size, batch_size)
+                                                     chunk_size)
             candidates["static"] = {"blocks": static_blocks, "measured": _measured(measured, curves.ce_full)}
         chosen = min(candidates, key=lambda k: candidates[k]["measured"]["ce"])
         frontier.append({"budget": b, "chosen": chosen, "blocks": candidates[chosen]["blocks"],
