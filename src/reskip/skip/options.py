@@ -19,7 +19,7 @@ class CalibrateOptions:
 
     delta: float = 0.2
     quantile: float = 0.5
-    window: int = 16
+    window: int = 1
     max_skips: int = 2
     sequences: int = 32
     seq_len: int | None = None

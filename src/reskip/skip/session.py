@@ -26,7 +26,7 @@ from .policies import SkipPolicy
 from .policy_file import PolicyFile, dense_if_uncalibrated, make_policy
 from .spec import Spec
 
-DEFAULT_WINDOW = 16
+DEFAULT_WINDOW = 1
 
 
 @dataclass

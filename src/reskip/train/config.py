@@ -58,7 +58,7 @@ class TrainConfig:
     clip_norm: float = 1.0
     lambda_kl: float = 1.0
     lambda_ent: float = 0.01
-    lambda_signal: float = 0.0
+    lambda_signal: float = 1.0
     lambda_local: float = 0.0
     hold_frac: float = 0.02
     ramp_end_frac: float = 0.3

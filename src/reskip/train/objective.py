@@ -6,11 +6,12 @@ and the drawn block are `schedules`.
 With a skip shortcut (`skip_path: shortcut`), an optional local term `lambda_local` regresses each
 shortcut's output onto its block's real output (`local_regression`).
 
-The optional fourth term (off by default, an experiment: docs/experiments.md) asks the drawn
+The fourth term (lambda_signal, 1 by default since issue 14: docs/experiments.md, E10) asks the drawn
 block k's router to put more weight on h_{k-1} where skipping k costs less: it is the Pearson
-correlation, over the micro-batch's labelled tokens, between alpha_{k-1 -> k} and the measured
-per-token cost of the skip branch (its NLL minus the full path's, detached). Minimising it makes
-the correlation negative, which is what ReSkip's rule (skip where w_recent is high) needs."""
+correlation, over the micro-batch's labelled tokens (those of every process: `process_group`),
+between alpha_{k-1 -> k} and the measured per-token cost of the skip branch (its NLL minus the
+full path's, detached). Minimising it makes the correlation negative, which is what ReSkip's rule
+(skip where w_recent is high) needs."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from torch import nn
 
 from ..losses import ce_sum, ce_tokens, entropy_sum, kl_sum, teacher_targets
 from ..ar_retrofit.model import ReskipModel
+from .process_group import global_sum, world_size
 
 
 class RetrofitObjective(nn.Module):
@@ -85,14 +87,27 @@ def local_regression(rm: ReskipModel, cap) -> torch.Tensor:
     """Mean over the blocks with a shortcut of |x_n + S_n(x_n) - h_n|^2 / |h_n - x_n|^2 on the full pass's
     own (detached) block inputs and outputs: 1 at init (S = 0), 0 if the shortcut reproduced the block.
     Every shortcut learns from every step, not only when the skip branch draws its block."""
-    terms = []
+    num, den = [], []
     for n, shortcut in rm.side_channel.shortcuts.items():
         x, h = cap.inputs[int(n)].detach().float(), cap.states[int(n)].detach().float()  # (B, T, d)
-        terms.append((shortcut(x) - h).pow(2).sum() / (h - x).pow(2).sum().clamp_min(1e-12))
-    return torch.stack(terms).mean()
+        num.append((shortcut(x) - h).pow(2).sum())
+        den.append((h - x).pow(2).sum())
+    if world_size() == 1:
+        return torch.stack([a / b.clamp_min(1e-12) for a, b in zip(num, den)]).mean()
+    # Ratios of sums over every process's tokens, as one process holding the whole micro-batch.
+    num, den = global_sum(torch.stack(num), differentiable=True), global_sum(torch.stack(den))  # (n_shortcuts,)
+    return (num / den.clamp_min(1e-12)).mean()
 
 
 def pearson(x: torch.Tensor, y: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """Pearson correlation of two 1-D tensors (differentiable in both)."""
-    x, y = x - x.mean(), y - y.mean()
-    return (x * y).sum() / (x.norm() * y.norm() + eps)
+    """Pearson correlation of two 1-D tensors (differentiable in both), over the union of every
+    process's tensors when training runs on several."""
+    if world_size() == 1:
+        x, y = x - x.mean(), y - y.mean()
+        return (x * y).sum() / (x.norm() * y.norm() + eps)
+    # Global means, held constant: d/dx of sum((x - m)(y - m_y)) and of sum((x - m)^2) is the same
+    # whether m moves with x or not (the centred terms sum to zero), so the gradient stays exact.
+    stats = global_sum(torch.stack([x.new_tensor(float(x.numel())), x.sum(), y.sum()]))
+    x, y = x - stats[1] / stats[0], y - stats[2] / stats[0]
+    sums = global_sum(torch.stack([(x * y).sum(), (x * x).sum(), (y * y).sum()]), differentiable=True)
+    return sums[0] / (sums[1].sqrt() * sums[2].sqrt() + eps)
