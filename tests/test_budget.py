@@ -80,6 +80,11 @@ def test_fractional_static_mixes_k_and_k_plus_one_blocks():
     assert [len(x) for x in steps].count(2) == 2 and [len(x) for x in steps].count(1) == 6
     assert all(4 in x for x in steps)
     assert sum(len(x) for x in steps) / 8 == 1.25
+    # The mix runs on across sequences: four sequences of 3 steps skip block 2 at 3 of 12 steps
+    # (restarting at each sequence, floor(3 x 0.25) = 0 per sequence, it would never skip it).
+    policy = StaticSkip(set(), partial=2, fraction=0.25)
+    per_sequence = [sum(policy.skip(2, 0.0, 0, s) for s in range(3)) for _ in range(4)]
+    assert sum(per_sequence) == 3 and per_sequence != [0, 0, 0, 0]
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .runtime import SkipRuntime
 
@@ -76,19 +76,23 @@ class StaticSkip(SkipPolicy):
     """The same blocks for every step (static pruning).
 
     A fractional count (static:1.5) adds `partial`, skipped at a share `fraction` of the steps,
-    spread evenly and deterministically over each sequence's steps (step s skips it when
-    floor((s + 1) f) > floor(s f)): a mix of k and k + 1 blocks whose mean is k + f."""
+    spread evenly and deterministically over every step this policy decides, across sequences (its
+    c-th decision skips it when floor((c + 1) f) > floor(c f)): a mix of k and k + 1 blocks whose
+    mean is k + f to within one step over a whole evaluation. (Counting each sequence's steps from 0
+    instead fell short of k + f by up to 1/S on sequences of S steps.)"""
 
     blocks: set[int]
     name: str = "static"
     partial: int | None = None
     fraction: float = 0.0
+    decided: int = field(default=0, init=False, repr=False, compare=False)  # the partial block's decisions so far
 
     def skip(self, n, w_recent, skipped_so_far, step):
         if n in self.blocks:
             return True
         if n == self.partial:
-            return math.floor((step + 1) * self.fraction) > math.floor(step * self.fraction)
+            c, self.decided = self.decided, self.decided + 1
+            return math.floor((c + 1) * self.fraction) > math.floor(c * self.fraction)
         return False
 
     def reads_signal(self, n):
