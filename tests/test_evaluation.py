@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import has_package, save_tiny, write_corpus
 from reskip.cli import main
@@ -106,10 +107,10 @@ def test_speed_benchmark_on_a_calibrated_run(calibrated_run, capsys):
     for b in ("batch_1", "batch_2"):
         row = r[b]
         _check_speed_row(row, ("reskip", "static"))
-        # static at ReSkip's mean (to 2 decimals): k whole blocks plus the next at a share of the steps, so
-        # over S >= 3 decode steps its mean lies within 1/S below that target
+        # static at ReSkip's mean (to 2 decimals): k whole blocks plus the next at a share of the steps,
+        # the mix running on across repeats, so over S >= 3 decode steps its mean lies within 1/S of k
         k = min(round(row["reskip_mean_skipped"], 2), len(eligible))
-        assert k - 1 / 3 - 1e-9 <= row["static_mean_skipped"] <= k + 1e-9
+        assert abs(row["static_mean_skipped"] - k) <= 1 / 3 + 1e-9
         assert row["reskip_decode_vs_backbone"] == pytest.approx(row["decode_tok_s_reskip"] / row["decode_tok_s_backbone"])
     assert r["summary"].startswith("reskip: ") and "decode tokens/s against the bare backbone batch 1:" in r["summary"]
     assert r["targets"] == {"router_overhead_no_skip_max": 0.03, "measured_over_ideal_min": 0.9}
@@ -126,6 +127,26 @@ def test_speed_benchmark_on_a_random_config(tmp_path, capsys):
     assert r["batch_1"]["static_mean_skipped"] == 1
     with pytest.raises(SystemExit, match="static-k must lie in 1..1"):
         _speed_benchmark().main([*argv, "--static-k", "2"])
+
+
+def test_memory_benchmark_on_a_tiny_model(tmp_path, capsys):
+    """benchmarks/memory.py end to end on a tiny saved model: one JSON line, every case measured."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "memory.py"
+    spec = importlib.util.spec_from_file_location("memory_benchmark", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    model = save_tiny(tmp_path / "model", "llama")
+    module.main(["--model", str(model), "--batch", "2", "--seq-len", "16", "--rank", "8"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 1
+    r = json.loads(lines[0])
+    assert set(r["peak_gib"]) == {"frozen", "lora", "train_step", "calibrate", "eval_seq"}
+    assert all(v >= 0 for v in r["peak_gib"].values()) and r["vocab"] > 0
+    # The sampler sees a step's own allocations: a step that holds 64 MiB more is seen holding it.
+    with module.PeakRSS() as m:
+        held = torch.ones(64 * 2**20 // 4)
+        held += 1
+    assert m.peak - m.start >= 60 * 2**20
 
 
 def test_speed_benchmark_refuses_bad_input_in_one_line(capsys, tmp_path):

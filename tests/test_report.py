@@ -32,6 +32,8 @@ def test_pipeline_writes_every_stage(pipeline_run):
     run, _ = pipeline_run
     state = json.loads((run / "pipeline.json").read_text())
     assert state["finished"] == ["parity", "train", "calibrate", "eval", "diagnose", "report"]
+    peaks = [state["peak_rss_gib"][s] for s in state["finished"]]  # the high-water mark after each stage
+    assert peaks[0] > 0.05 and peaks == sorted(peaks)
     for f in ("parity.json", "summary.json", "policy.json", "eval/results.json", "diagnostics.json", "report/report.html"):
         assert (run / f).is_file(), f
     d = json.loads((run / "diagnostics.json").read_text())

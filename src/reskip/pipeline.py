@@ -19,6 +19,7 @@ from .evaluate.options import EvalOptions
 from .evaluate.stage import evaluate_run, margin_violations
 from .evaluate.tables import markdown
 from .io_atomic import atomic_write_json
+from .memory import peak_rss_gib
 from .report.diagnose import diagnose
 from .report.html import build_report
 from .report.options import DiagnoseOptions
@@ -133,6 +134,7 @@ def run_pipeline(run_dir: Path, config: PipelineConfig | None = None, resume: bo
             raise ReskipError(f"stage {stage} failed ({e}); fix it and continue with: reskip run --resume {run.root}") from e
         state["finished"].append(stage)
         state["timings"][stage] = time.time() - t
+        state.setdefault("peak_rss_gib", {})[stage] = round(peak_rss_gib(), 3)  # the process's high-water mark so far
         atomic_write_json(run.pipeline, state)
         print(f"[{i}/{len(STAGES)}] {stage}: done in {state['timings'][stage]:.0f} s", flush=True)
     return state

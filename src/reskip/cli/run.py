@@ -27,6 +27,9 @@ def cmd_run(args) -> int:
     state = run_pipeline(out, config, resume=bool(args.resume))
     print(f"\nfinished {len(state['finished'])} stages in {time.time() - t:.0f} s this session: "
           + ", ".join(f"{k} {v:.0f}s" for k, v in state["timings"].items()))
+    if state.get("peak_rss_gib"):  # the process's high-water mark after each stage: where it rose holds the peak
+        print("peak resident memory after each stage (GiB): "
+              + ", ".join(f"{k} {v:.2f}" for k, v in state["peak_rss_gib"].items()))
     run = RunFolder(out)
     if run.summary.is_file():
         print(format_summary(json.loads(run.summary.read_text())))

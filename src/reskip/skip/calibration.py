@@ -36,7 +36,7 @@ def sliding_mean(a: torch.Tensor, window: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def calibrate(model: ReskipModel, data: Packed, delta: float = 0.2, quantile: float = 0.5, window: int = 16,
+def calibrate(model: ReskipModel, data: Packed, delta: float = 0.2, quantile: float = 0.5, window: int = 1,
               max_skips: int = 2, batch_size: int = 4, data_record: dict | None = None, progress=None) -> PolicyFile:
     if window < 1:
         raise ValueError("window must be >= 1")
