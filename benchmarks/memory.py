@@ -11,7 +11,8 @@ Cases:
   lora        - a LoRA-style fine-tuning step: rank-r adapters on the attention projections
                 (q, k, v, o; PEFT's defaults would be q and v), forward + CE + backward;
   train_step  - the retrofit's training step: teacher pass, full path, skip branch, the loss terms
-                of the default recipe, backward;
+                of the default recipe, backward (train_step_chunked: the same with CE and KL computed
+                from the LM head in chunks of --loss-chunk positions);
   calibrate   - one calibration batch (`reskip.skip.calibration.calibrate` on batch-size sequences:
                 the full pass with alphas, every block's ablation pass);
   eval_seq    - one evaluation sequence (`reskip.evaluate.methods.evaluate_methods` with the
@@ -121,6 +122,7 @@ def main(argv=None):
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--rank", type=int, default=None, help="adapter rank (default: the retrofit's)")
+    ap.add_argument("--loss-chunk", type=int, default=64, help="positions per chunk of the chunked-loss step")
     args = ap.parse_args(argv)
     dtype = getattr(torch, args.dtype)
 
@@ -154,9 +156,8 @@ def main(argv=None):
             hooks.remove()
 
     rm.set_curriculum(1.0)
-    objective = RetrofitObjective(rm, lambda_kl=1.0, lambda_ent=0.01, lambda_signal=1.0)
-
-    def train_step():
+    def train_step(loss_chunk=None):
+        objective = RetrofitObjective(rm, lambda_kl=1.0, lambda_ent=0.01, lambda_signal=1.0, loss_chunk=loss_chunk)
         terms = objective(ids, labels, 2, 1.0 / n_tokens, 1.0 / n_tokens)
         terms["loss"].backward()
         rm.side_channel.zero_grad(set_to_none=True)
@@ -177,6 +178,7 @@ def main(argv=None):
         cases["frozen"] = peak_above_start(frozen, args.device)
         cases["lora"] = peak_above_start(lora, args.device)
     cases["train_step"] = peak_above_start(train_step, args.device)
+    cases["train_step_chunked"] = peak_above_start(lambda: train_step(args.loss_chunk), args.device)
     cases["calibrate"] = peak_above_start(calibration_batch, args.device)
     cases["eval_seq"] = peak_above_start(eval_sequence, args.device)
     logits_gib = n_tokens * vocab * 4 / 2**30  # one (B, T, V) float32 tensor
@@ -187,6 +189,9 @@ def main(argv=None):
         # None where a baseline's peak is below what the sampler resolves (tiny models)
         "train_step_vs_frozen": round(cases["train_step"] / cases["frozen"], 2) if cases["frozen"] > 0 else None,
         "train_step_vs_lora": round(cases["train_step"] / cases["lora"], 2) if cases["lora"] > 0 else None,
+        "train_step_chunked_vs_frozen": (round(cases["train_step_chunked"] / cases["frozen"], 2)
+                                         if cases["frozen"] > 0 else None),
+        "loss_chunk": args.loss_chunk,
         "target_train_step_vs_frozen_max": 2.0,
     }))
 

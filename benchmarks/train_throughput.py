@@ -7,7 +7,8 @@ Baselines:
   finetune - the same with every backbone weight requiring grad (an ordinary fine-tuning step
              without the optimizer).
 The retrofit step is the real objective: teacher pass, full path, shared-prefix skip branch,
-three-term loss and backward (c = 1, skip block cycling over the drawable blocks).
+the default recipe's loss terms and backward (c = 1, skip block cycling over the drawable blocks),
+from whole logits and with CE and KL in chunks of `--loss-chunk` positions.
 
     python benchmarks/train_throughput.py [--model M] [--batch 4] [--seq-len 256] [--repeats 5]
 """
@@ -43,6 +44,7 @@ def main(argv=None):
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--rank", type=int, default=None)
+    ap.add_argument("--loss-chunk", type=int, default=64, help="positions per chunk of the chunked-loss step")
     args = ap.parse_args(argv)
 
     torch.manual_seed(0)
@@ -65,16 +67,22 @@ def main(argv=None):
 
     rm = retrofit(model, RetrofitConfig(rank=args.rank))
     rm.set_curriculum(1.0)
-    objective = RetrofitObjective(rm, lambda_kl=1.0, lambda_ent=0.01)
     drawable = list(range(2, rm.n_blocks))
-    calls = {"n": 0}
 
-    def retrofit_step():
-        k = drawable[calls["n"] % len(drawable)]
-        calls["n"] += 1
-        terms = objective(ids, labels, k, 1.0 / n_tokens, 1.0 / n_tokens)
-        terms["loss"].backward()
-        rm.side_channel.zero_grad(set_to_none=True)
+    def retrofit_steps(loss_chunk):
+        """The default recipe's step (signal term on), from whole logits or in chunks of positions."""
+        objective = RetrofitObjective(rm, lambda_kl=1.0, lambda_ent=0.01, lambda_signal=1.0, loss_chunk=loss_chunk)
+        calls = {"n": 0}
+
+        def step():
+            k = drawable[calls["n"] % len(drawable)]
+            calls["n"] += 1
+            terms = objective(ids, labels, k, 1.0 / n_tokens, 1.0 / n_tokens)
+            terms["loss"].backward()
+            rm.side_channel.zero_grad(set_to_none=True)
+        return step
+
+    retrofit_step, chunked_step = retrofit_steps(None), retrofit_steps(args.loss_chunk)
 
     def backbone(fn):
         def run():
@@ -82,13 +90,14 @@ def main(argv=None):
                 fn()
         return run
 
-    for fn in (backbone(frozen_step), backbone(finetune_step), retrofit_step):  # warm-up
+    for fn in (backbone(frozen_step), backbone(finetune_step), retrofit_step, chunked_step):  # warm-up
         fn()
-    t = {"frozen": [], "finetune": [], "retrofit": []}
-    for _ in range(args.repeats):  # interleaved so machine noise hits all three alike
+    t = {"frozen": [], "finetune": [], "retrofit": [], "chunked": []}
+    for _ in range(args.repeats):  # interleaved so machine noise hits all four alike
         t["frozen"].append(timed(backbone(frozen_step), 1))
         t["finetune"].append(timed(backbone(finetune_step), 1))
         t["retrofit"].append(timed(retrofit_step, 1))
+        t["chunked"].append(timed(chunked_step, 1))
     med = {k: statistics.median(v) for k, v in t.items()}
     print(json.dumps({
         "model": args.model or "smollm2-135m-instruct",
@@ -99,6 +108,9 @@ def main(argv=None):
         "tok_s_retrofit_step": n_tokens / med["retrofit"],
         "slowdown_vs_frozen": med["retrofit"] / med["frozen"],
         "slowdown_vs_finetune": med["retrofit"] / med["finetune"],
+        "loss_chunk": args.loss_chunk,
+        "tok_s_retrofit_step_chunked": n_tokens / med["chunked"],
+        "chunked_vs_whole_logits": med["chunked"] / med["retrofit"],
         "target_max_slowdown": 2.0,
     }))
 

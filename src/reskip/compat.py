@@ -85,3 +85,22 @@ def rotary_function(attn: nn.Module):
 def cache_kwarg() -> str:
     """Name of the KV-cache argument of a model's forward (`cache` from transformers 5.2x on)."""
     return "cache" if "cache" in inspect.signature(LlamaModel.forward).parameters else "past_key_values"
+
+
+def hidden_only_kwargs(device) -> dict:
+    """Forward kwargs under which a causal LM computes no logits (`logits_to_keep` as an empty
+    index) and returns its hidden states, the last being the final norm's output that the LM head
+    reads (`final_hidden`). For losses computed from the head in chunks of positions."""
+    return {"output_hidden_states": True, "logits_to_keep": torch.empty(0, dtype=torch.long, device=device)}
+
+
+def final_hidden(output) -> torch.Tensor:
+    """(B, T, d): what the LM head reads, from a forward run with `hidden_only_kwargs`."""
+    return output.hidden_states[-1]
+
+
+def output_head(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None, float | None]:
+    """(weight (V, d), bias (V,) or None, final logit soft-cap or None): logits = cap tanh(head(h) / cap),
+    as the family's own forward computes them (Gemma's soft-cap where its config sets one)."""
+    head = model.get_output_embeddings()
+    return head.weight, head.bias, getattr(model.config, "final_logit_softcapping", None)

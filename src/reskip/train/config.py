@@ -65,6 +65,7 @@ class TrainConfig:
     skip_blocks: list[int] | None = None
     skip_fraction: float = 1.0
     skip_max_blocks: int = 1
+    loss_chunk: int | None = None  # CE and KL from the LM head in chunks of this many positions (None: whole logits)
     eval_every: int = 25
     eval_sequences: int = 16
     save_every: int = 25
@@ -118,6 +119,9 @@ class TrainConfig:
         per_step = world_size * self.grad_accum
         need(self.batch_size % per_step == 0,
              f"batch_size {self.batch_size} must be divisible by processes x grad_accum = {per_step}")
+        need(self.loss_chunk is None or (isinstance(self.loss_chunk, int) and not isinstance(self.loss_chunk, bool)
+                                         and self.loss_chunk > 0),
+             f"loss_chunk must be a positive integer or null, got {self.loss_chunk!r}")
         if self.skip_blocks is not None:
             need(len(self.skip_blocks) > 0 and all(isinstance(b, int) and b >= 1 for b in self.skip_blocks),
                  f"skip_blocks must be a non-empty list of block numbers >= 1, got {self.skip_blocks!r}")

@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..losses import ce_sum, ce_tokens, entropy_sum, kl_sum, teacher_targets
+from ..compat import final_hidden, hidden_only_kwargs, output_head
+from ..losses import ce_sum, ce_tokens, entropy_sum, head_losses, kl_sum, teacher_targets
 from ..ar_retrofit.model import ReskipModel
 from .process_group import global_sum, world_size
 
@@ -29,13 +30,16 @@ class RetrofitObjective(nn.Module):
     teacher, full and skip passes inside a single forward, so gradients sync once."""
 
     def __init__(self, model: ReskipModel, lambda_kl: float, lambda_ent: float, lambda_signal: float = 0.0,
-                 lambda_local: float = 0.0):
+                 lambda_local: float = 0.0, loss_chunk: int | None = None):
+        """loss_chunk: compute CE and KL from the passes' final hidden states in chunks of this many
+        positions (`losses.head_losses`): no (B, T, V) logits held; None: from whole logits."""
         super().__init__()
         self.model = model
         self.lambda_kl = lambda_kl
         self.lambda_ent = lambda_ent
         self.lambda_signal = lambda_signal
         self.lambda_local = lambda_local
+        self.loss_chunk = loss_chunk
 
     def forward(self, input_ids, labels, skip_block: int, target_scale: float, position_scale: float,
                 skip_mask: torch.Tensor | None = None, also_skipped: tuple[int, ...] = ()):
@@ -49,29 +53,40 @@ class RetrofitObjective(nn.Module):
         some steps only: the skipped positions keep their input, and their K/V in the block's layers
         are those of the unchanged input (the position-skip reference mode, as the exact cache)."""
         rm = self.model
+        chunked = self.loss_chunk is not None
+        # Chunked: the passes stop at the final norm (no logits), and the losses read the LM head chunk by chunk.
+        out_kw = hidden_only_kwargs(input_ids.device) if chunked else {}
         with torch.no_grad(), rm.side_channel_disabled(), rm.capturing() as captured:
-            teacher = teacher_targets(rm(input_ids=input_ids, use_cache=False).logits)  # p: (B, T, V)
+            t_out = rm(input_ids=input_ids, use_cache=False, **out_kw)
+            teacher = final_hidden(t_out) if chunked else teacher_targets(t_out.logits)  # (B, T, d) or p: (B, T, V)
+            del t_out
             teacher_pass = captured()
         # Block 1 has no side-channel: its output h_1 is the teacher's, so it is not rerun.
         with rm.capturing() as captured, rm.continuing(teacher_pass, 1):
-            full = rm(input_ids=input_ids, use_cache=False, output_alphas=True)
+            full = rm(input_ids=input_ids, use_cache=False, output_alphas=True, **out_kw)
             cap = captured()
         # Skip branch: blocks before `skip_block` are the full pass's own (shared, not recomputed).
         if skip_mask is None:
             with rm.replaying(cap, skip_block), rm.blocks_skipped(*also_skipped):
-                skip = rm(input_ids=input_ids, use_cache=False).logits
+                skip = rm(input_ids=input_ids, use_cache=False, **out_kw)
         else:
             masks = {n: skip_mask for n in (skip_block, *also_skipped)}
             with rm.continuing(cap, skip_block - 1), rm.skipping_positions(masks):
-                skip = rm(input_ids=input_ids, use_cache=False).logits
-        ce = ce_sum(full.logits, labels) * target_scale
-        kl = kl_sum(teacher, skip) * position_scale
+                skip = rm(input_ids=input_ids, use_cache=False, **out_kw)
+        want_signal = self.lambda_signal > 0 and skip_block in full.alphas
+        if chunked:
+            ce, kl, cost = head_losses(final_hidden(full), final_hidden(skip), teacher, output_head(rm.base_model),
+                                       labels, self.loss_chunk, want_costs=want_signal)
+        else:
+            ce, kl = ce_sum(full.logits, labels), kl_sum(teacher, skip.logits)
+            if want_signal:
+                with torch.no_grad():  # (B, T): what skipping block k cost at each position
+                    cost = ce_tokens(skip.logits, labels) - ce_tokens(full.logits, labels)
+        ce, kl = ce * target_scale, kl * position_scale
         ent = entropy_sum(full.alphas) * position_scale
         loss = ce + self.lambda_kl * kl - self.lambda_ent * ent
         sig = torch.zeros(())
-        if self.lambda_signal > 0 and skip_block in full.alphas:
-            with torch.no_grad():  # (B, T): what skipping block k cost at each position
-                cost = ce_tokens(skip, labels) - ce_tokens(full.logits, labels)
+        if want_signal:
             valid = F.pad(labels[:, 1:], (0, 1), value=-100) != -100  # (B, T): positions with a target
             sig = pearson(full.alphas[skip_block][..., -1][valid], cost[valid])
             loss = loss + self.lambda_signal * sig

@@ -1,0 +1,85 @@
+"""Losses from final hidden states in chunks of positions (`losses.head_losses`, the objective's
+`loss_chunk`): the same loss terms and gradients as from whole (B, T, V) logits."""
+
+import pytest
+import torch
+
+from conftest import batch, tiny_model
+from reskip.ar_retrofit.config import RetrofitConfig
+from reskip.ar_retrofit.model import retrofit
+from reskip.compat import final_hidden, hidden_only_kwargs, output_head
+from reskip.train.objective import RetrofitObjective
+
+
+def _model(family: str, softcap: float | None = None):
+    base = tiny_model(family, init_std=0.3)
+    if softcap is not None:
+        base.config.final_logit_softcapping = softcap
+    rm = retrofit(base, RetrofitConfig(block_size=2, rank=8, up_init_std=0.3))
+    rm.set_curriculum(1.0)
+    return rm
+
+
+def _terms_and_grads(rm, ids, labels, chunk, mask=None, lambda_signal=0.0):
+    rm.side_channel.zero_grad(set_to_none=True)
+    objective = RetrofitObjective(rm, 1.0, 0.01, lambda_signal=lambda_signal, loss_chunk=chunk)
+    terms = objective(ids, labels, 2, 1.0 / ids.numel(), 1.0 / ids.numel(), mask)
+    terms["loss"].backward()
+    return terms, [p.grad.clone() for p in rm.trainable_parameters()]
+
+
+def _close(grads_a, grads_b, rel=0.0):
+    """Every gradient entry within 1e-6, plus `rel` of its tensor's largest entry."""
+    for a, b in zip(grads_a, grads_b):
+        assert (a - b).abs().max() <= 1e-6 + rel * a.abs().max()
+
+
+@pytest.mark.parametrize("family,softcap", [("llama", None), ("qwen3", None), ("gemma3", 3.0)])
+def test_chunked_losses_equal_whole_logits(family, softcap):
+    rm = _model(family, softcap)
+    ids, _ = batch(pad=False, bsz=3, seq=12)
+    labels = ids.clone()
+    labels[0, :5] = -100  # unlabelled positions (a chat's user turn)
+    whole, g_whole = _terms_and_grads(rm, ids, labels, None)
+    for chunk in (5, 12, 64):  # a ragged last chunk, one chunk, a chunk longer than the sequence
+        part, g_part = _terms_and_grads(rm, ids, labels, chunk)
+        for k in ("loss", "ce", "kl", "ent"):
+            assert part[k].item() == pytest.approx(whole[k].item(), rel=1e-6), k
+        _close(g_whole, g_part)
+
+
+def test_chunked_losses_give_the_signal_terms_costs():
+    """The per-position costs of the skip branch (the signal term's input) come out of the same chunks.
+    The correlation of a small spread magnifies rounding, so its router's gradient is compared to 1e-4."""
+    rm = _model("llama")
+    ids, _ = batch(pad=False, bsz=3, seq=12)
+    whole, g_whole = _terms_and_grads(rm, ids, ids.clone(), None, lambda_signal=1.0)
+    part, g_part = _terms_and_grads(rm, ids, ids.clone(), 5, lambda_signal=1.0)
+    assert whole["sig"].item() != 0 and part["sig"].item() == pytest.approx(whole["sig"].item(), rel=1e-5)
+    _close(g_whole, g_part, 1e-4)
+
+
+def test_chunked_losses_with_a_token_level_skip_branch():
+    rm = _model("llama")
+    ids, _ = batch(pad=False, bsz=2, seq=10)
+    mask = torch.zeros_like(ids, dtype=torch.bool)
+    mask[:, ::3] = True
+    whole, g_whole = _terms_and_grads(rm, ids, ids.clone(), None, mask)
+    part, g_part = _terms_and_grads(rm, ids, ids.clone(), 4, mask)
+    assert part["loss"].item() == pytest.approx(whole["loss"].item(), rel=1e-6)
+    _close(g_whole, g_part)
+
+
+def test_hidden_only_forward_gives_the_heads_input(family):
+    """The version- and family-specific part: the last hidden state is what the head reads."""
+    rm = _model(family)
+    ids, mask = batch()
+    with torch.no_grad():
+        logits = rm(input_ids=ids, attention_mask=mask, use_cache=False).logits
+        out = rm(input_ids=ids, attention_mask=mask, use_cache=False, **hidden_only_kwargs(ids.device))
+    assert out.logits.shape[1] == 0  # no logits computed
+    weight, bias, softcap = output_head(rm.base_model)
+    z = torch.nn.functional.linear(final_hidden(out), weight, bias)
+    if softcap is not None:
+        z = torch.tanh(z / softcap) * softcap
+    torch.testing.assert_close(z, logits, rtol=0, atol=0)
