@@ -7,7 +7,7 @@ import torch
 from conftest import batch, tiny_model
 from reskip.ar_retrofit.config import RetrofitConfig
 from reskip.ar_retrofit.model import retrofit
-from reskip.compat import final_hidden, hidden_only_kwargs, output_head
+from reskip.compat import output_head
 from reskip.train.objective import RetrofitObjective
 
 
@@ -59,6 +59,18 @@ def test_chunked_losses_give_the_signal_terms_costs():
     _close(g_whole, g_part, 1e-4)
 
 
+def test_chunked_losses_when_the_skip_branch_drops_the_last_block():
+    """Blocks of 4 on 6 layers: block 2 is the last; its layers never run in the skip branch."""
+    base = tiny_model("llama", init_std=0.3)
+    rm = retrofit(base, RetrofitConfig(block_size=4, rank=8, up_init_std=0.3))
+    rm.set_curriculum(1.0)
+    ids, _ = batch(pad=False, bsz=2, seq=10)
+    whole, g_whole = _terms_and_grads(rm, ids, ids.clone(), None)
+    part, g_part = _terms_and_grads(rm, ids, ids.clone(), 3)
+    assert part["loss"].item() == pytest.approx(whole["loss"].item(), rel=1e-6)
+    _close(g_whole, g_part)
+
+
 def test_chunked_losses_with_a_token_level_skip_branch():
     rm = _model("llama")
     ids, _ = batch(pad=False, bsz=2, seq=10)
@@ -71,15 +83,15 @@ def test_chunked_losses_with_a_token_level_skip_branch():
 
 
 def test_hidden_only_forward_gives_the_heads_input(family):
-    """The version- and family-specific part: the last hidden state is what the head reads."""
+    """The family-specific part: the decoder body's last hidden state is what the head reads."""
     rm = _model(family)
     ids, mask = batch()
     with torch.no_grad():
         logits = rm(input_ids=ids, attention_mask=mask, use_cache=False).logits
-        out = rm(input_ids=ids, attention_mask=mask, use_cache=False, **hidden_only_kwargs(ids.device))
-    assert out.logits.shape[1] == 0  # no logits computed
+        out = rm(input_ids=ids, attention_mask=mask, use_cache=False, hidden_only=True)
+    assert out.logits is None  # no logits computed
     weight, bias, softcap = output_head(rm.base_model)
-    z = torch.nn.functional.linear(final_hidden(out), weight, bias)
+    z = torch.nn.functional.linear(out.last_hidden_state, weight, bias)
     if softcap is not None:
         z = torch.tanh(z / softcap) * softcap
     torch.testing.assert_close(z, logits, rtol=0, atol=0)

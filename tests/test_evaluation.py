@@ -54,6 +54,7 @@ def test_eval_writes_results_for_every_method(calibrated_run, capsys):
     assert low["mean_skipped"] >= high["mean_skipped"] and high["mean_skipped"] <= 1
     assert low["flops_executed_share"] < 1.0 and low["steps"] == 3 * 4  # 16 tokens in chunks of 4
     assert sum(low["skipped_histogram"]) == low["steps"]
+    assert all(m["wall_s"] >= 0 for m in methods.values()) and low["wall_s"] > 0  # each method's own time
     for name, m in methods.items():
         if m["top1_change_rate_where_margin_holds"] is not None:
             assert m["top1_change_rate_where_margin_holds"] == 0.0, name

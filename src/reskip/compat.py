@@ -87,17 +87,11 @@ def cache_kwarg() -> str:
     return "cache" if "cache" in inspect.signature(LlamaModel.forward).parameters else "past_key_values"
 
 
-def hidden_only_kwargs(device) -> dict:
-    """Forward kwargs under which a causal LM computes no logits (`logits_to_keep` as an empty
-    index) and returns its hidden states, the last being the final norm's output that the LM head
-    reads (`final_hidden`). For losses computed from the head in chunks of positions."""
-    return {"output_hidden_states": True, "logits_to_keep": torch.empty(0, dtype=torch.long, device=device)}
-
-
-def final_hidden(output) -> torch.Tensor:
-    """(B, T, d): what the LM head reads, from a forward run with `hidden_only_kwargs`."""
-    return output.hidden_states[-1]
-
+def decoder_body(model: nn.Module) -> nn.Module:
+    """The family's decoder without its LM head (`model.model`): its output's `last_hidden_state` is
+    the final norm's output, what the head reads. For losses that read the head in chunks."""
+    decoder_layers(model)  # the same structural check
+    return model.model
 
 def output_head(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None, float | None]:
     """(weight (V, d), bias (V,) or None, final logit soft-cap or None): logits = cap tanh(head(h) / cap),

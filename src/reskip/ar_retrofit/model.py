@@ -28,6 +28,7 @@ class ReskipOutput(CausalLMOutputWithPast):
     """
 
     alphas: dict | None = None
+    last_hidden_state: torch.Tensor | None = None  # (B, T, d), set by forward(hidden_only=True)
 
 
 class ReskipModel(nn.Module):
@@ -195,12 +196,20 @@ class ReskipModel(nn.Module):
             yield self
 
     # ---- running ----------------------------------------------------------------------------
-    def forward(self, input_ids=None, attention_mask=None, labels=None, output_alphas: bool = False, **kwargs):
-        """Run the backbone's own forward; with `output_alphas`, attach every router's alpha."""
+    def forward(self, input_ids=None, attention_mask=None, labels=None, output_alphas: bool = False,
+                hidden_only: bool = False, **kwargs):
+        """Run the backbone's own forward; with `output_alphas`, attach every router's alpha. With
+        `hidden_only`, run the family's decoder without its LM head: no logits, `last_hidden_state`
+        (B, T, d) set instead (for training losses; not under `stepping`, whose hook is on the head model)."""
         dp = self.depth_pass
         dp.record_alphas = output_alphas
         try:
-            out = self.base_model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, **kwargs)
+            if hidden_only:
+                if labels is not None:
+                    raise ValueError("hidden_only computes no logits, so it takes no labels")
+                out = compat.decoder_body(self.base_model)(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+            else:
+                out = self.base_model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, **kwargs)
             alphas = dict(dp.alphas) if output_alphas else None
         finally:
             dp.record_alphas, dp.alphas = False, {}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -93,6 +94,7 @@ class Tally:
     dense: float = 0.0
     skipped_per_step: list[int] = field(default_factory=list)
     margin_measured: bool = False
+    seconds: float = 0.0  # wall time of this method's own passes and metrics
 
     def result(self, ppl_backbone: float | None, n_blocks: int) -> dict:
         ppl = math.exp(self.ce / self.targets)
@@ -112,6 +114,7 @@ class Tally:
                                                     if self.margin_measured else None),
             "top1_change_rate": self.changed / self.positions if self.margin_measured else None,
             "tokens": self.positions,
+            "wall_s": self.seconds,
         }
 
 
@@ -129,6 +132,7 @@ def evaluate_methods(model: ReskipModel, data: Packed, methods: list[Method], wi
 
     def run(method: Method, ids, labels, z_back, teacher, z_full, margin, tally: Tally):
         """teacher: teacher_targets(z_back); margin: top-1 minus top-2 of z_full, both (1, T) per sequence."""
+        t0 = time.perf_counter()
         if method.policy is None:  # the backbone: its logits are the reference, computed once
             z, steps, lengths = z_back, [[]], [ids.shape[1]]
         elif isinstance(method.policy, NoSkip):  # one pass, nothing skipped
@@ -153,6 +157,7 @@ def evaluate_methods(model: ReskipModel, data: Packed, methods: list[Method], wi
         tally.executed += executed
         tally.dense += dense
         tally.skipped_per_step.extend(len(s) for s in steps)
+        tally.seconds += time.perf_counter() - t0
         return z
 
     for i in range(len(data)):

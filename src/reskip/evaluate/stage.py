@@ -5,7 +5,7 @@ and results.md. This module owns the schema of results.json:
     methods:         name -> the metrics of `methods.Tally.result` (ppl, ppl_ratio, top1_agreement,
                      kl_to_backbone, mean_skipped, skipped_histogram, steps, flops_executed_share,
                      margin_holds_share, top1_change_rate_where_margin_holds, top1_change_rate,
-                     tokens; `matched: true` for the matched baselines)
+                     tokens, wall_s; `matched: true` for the matched baselines)
     multiple_choice: method -> benchmark -> {acc, acc_norm, chance, n}
     frontier:        one point per method: flops_executed_share, blocks_executed_share, ppl_ratio,
                      top1_agreement

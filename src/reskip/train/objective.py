@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..compat import final_hidden, hidden_only_kwargs, output_head
+from ..compat import output_head
 from ..losses import ce_sum, ce_tokens, entropy_sum, head_losses, kl_sum, teacher_targets
 from ..ar_retrofit.model import ReskipModel
 from .process_group import global_sum, world_size
@@ -55,10 +55,10 @@ class RetrofitObjective(nn.Module):
         rm = self.model
         chunked = self.loss_chunk is not None
         # Chunked: the passes stop at the final norm (no logits), and the losses read the LM head chunk by chunk.
-        out_kw = hidden_only_kwargs(input_ids.device) if chunked else {}
+        out_kw = {"hidden_only": True} if chunked else {}
         with torch.no_grad(), rm.side_channel_disabled(), rm.capturing() as captured:
             t_out = rm(input_ids=input_ids, use_cache=False, **out_kw)
-            teacher = final_hidden(t_out) if chunked else teacher_targets(t_out.logits)  # (B, T, d) or p: (B, T, V)
+            teacher = t_out.last_hidden_state if chunked else teacher_targets(t_out.logits)  # (B, T, d) or p: (B, T, V)
             del t_out
             teacher_pass = captured()
         # Block 1 has no side-channel: its output h_1 is the teacher's, so it is not rerun.
@@ -75,7 +75,7 @@ class RetrofitObjective(nn.Module):
                 skip = rm(input_ids=input_ids, use_cache=False, **out_kw)
         want_signal = self.lambda_signal > 0 and skip_block in full.alphas
         if chunked:
-            ce, kl, cost = head_losses(final_hidden(full), final_hidden(skip), teacher, output_head(rm.base_model),
+            ce, kl, cost = head_losses(full.last_hidden_state, skip.last_hidden_state, teacher, output_head(rm.base_model),
                                        labels, self.loss_chunk, want_costs=want_signal)
         else:
             ce, kl = ce_sum(full.logits, labels), kl_sum(teacher, skip.logits)
