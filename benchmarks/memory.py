@@ -12,7 +12,8 @@ Cases:
                 (q, k, v, o; PEFT's defaults would be q and v), forward + CE + backward;
   train_step  - the retrofit's training step: teacher pass, full path, skip branch, the loss terms
                 of the default recipe, backward (train_step_chunked: the same with CE and KL computed
-                from the LM head in chunks of --loss-chunk positions);
+                from the LM head in chunks of --loss-chunk positions; train_step_chunked_recompute:
+                also with activation checkpointing of the frozen layers);
   calibrate   - one calibration batch (`reskip.skip.calibration.calibrate` on batch-size sequences:
                 the full pass with alphas, every block's ablation pass);
   eval_seq    - one evaluation sequence (`reskip.evaluate.methods.evaluate_methods` with the
@@ -156,8 +157,9 @@ def main(argv=None):
             hooks.remove()
 
     rm.set_curriculum(1.0)
-    def train_step(loss_chunk=None):
-        objective = RetrofitObjective(rm, lambda_kl=1.0, lambda_ent=0.01, lambda_signal=1.0, loss_chunk=loss_chunk)
+    def train_step(loss_chunk=None, recompute=False):
+        objective = RetrofitObjective(rm, lambda_kl=1.0, lambda_ent=0.01, lambda_signal=1.0, loss_chunk=loss_chunk,
+                                      recompute=recompute)
         terms = objective(ids, labels, 2, 1.0 / n_tokens, 1.0 / n_tokens)
         terms["loss"].backward()
         rm.side_channel.zero_grad(set_to_none=True)
@@ -179,6 +181,7 @@ def main(argv=None):
         cases["lora"] = peak_above_start(lora, args.device)
     cases["train_step"] = peak_above_start(train_step, args.device)
     cases["train_step_chunked"] = peak_above_start(lambda: train_step(args.loss_chunk), args.device)
+    cases["train_step_chunked_recompute"] = peak_above_start(lambda: train_step(args.loss_chunk, True), args.device)
     cases["calibrate"] = peak_above_start(calibration_batch, args.device)
     cases["eval_seq"] = peak_above_start(eval_sequence, args.device)
     logits_gib = n_tokens * vocab * 4 / 2**30  # one (B, T, V) float32 tensor
@@ -191,6 +194,8 @@ def main(argv=None):
         "train_step_vs_lora": round(cases["train_step"] / cases["lora"], 2) if cases["lora"] > 0 else None,
         "train_step_chunked_vs_frozen": (round(cases["train_step_chunked"] / cases["frozen"], 2)
                                          if cases["frozen"] > 0 else None),
+        "train_step_chunked_recompute_vs_frozen": (round(cases["train_step_chunked_recompute"] / cases["frozen"], 2)
+                                                   if cases["frozen"] > 0 else None),
         "loss_chunk": args.loss_chunk,
         "target_train_step_vs_frozen_max": 2.0,
     }))

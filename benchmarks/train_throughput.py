@@ -8,7 +8,8 @@ Baselines:
              without the optimizer).
 The retrofit step is the real objective: teacher pass, full path, shared-prefix skip branch,
 the default recipe's loss terms and backward (c = 1, skip block cycling over the drawable blocks),
-from whole logits and with CE and KL in chunks of `--loss-chunk` positions.
+from whole logits, with CE and KL in chunks of `--loss-chunk` positions, and with that and activation
+checkpointing of the frozen layers.
 
     python benchmarks/train_throughput.py [--model M] [--batch 4] [--seq-len 256] [--repeats 5]
 """
@@ -69,9 +70,10 @@ def main(argv=None):
     rm.set_curriculum(1.0)
     drawable = list(range(2, rm.n_blocks))
 
-    def retrofit_steps(loss_chunk):
+    def retrofit_steps(loss_chunk, recompute=False):
         """The default recipe's step (signal term on), from whole logits or in chunks of positions."""
-        objective = RetrofitObjective(rm, lambda_kl=1.0, lambda_ent=0.01, lambda_signal=1.0, loss_chunk=loss_chunk)
+        objective = RetrofitObjective(rm, lambda_kl=1.0, lambda_ent=0.01, lambda_signal=1.0, loss_chunk=loss_chunk,
+                                      recompute=recompute)
         calls = {"n": 0}
 
         def step():
@@ -83,6 +85,7 @@ def main(argv=None):
         return step
 
     retrofit_step, chunked_step = retrofit_steps(None), retrofit_steps(args.loss_chunk)
+    recompute_step = retrofit_steps(args.loss_chunk, recompute=True)
 
     def backbone(fn):
         def run():
@@ -90,14 +93,15 @@ def main(argv=None):
                 fn()
         return run
 
-    for fn in (backbone(frozen_step), backbone(finetune_step), retrofit_step, chunked_step):  # warm-up
+    for fn in (backbone(frozen_step), backbone(finetune_step), retrofit_step, chunked_step, recompute_step):  # warm-up
         fn()
-    t = {"frozen": [], "finetune": [], "retrofit": [], "chunked": []}
-    for _ in range(args.repeats):  # interleaved so machine noise hits all four alike
+    t = {"frozen": [], "finetune": [], "retrofit": [], "chunked": [], "recompute": []}
+    for _ in range(args.repeats):  # interleaved so machine noise hits all five alike
         t["frozen"].append(timed(backbone(frozen_step), 1))
         t["finetune"].append(timed(backbone(finetune_step), 1))
         t["retrofit"].append(timed(retrofit_step, 1))
         t["chunked"].append(timed(chunked_step, 1))
+        t["recompute"].append(timed(recompute_step, 1))
     med = {k: statistics.median(v) for k, v in t.items()}
     print(json.dumps({
         "model": args.model or "smollm2-135m-instruct",
@@ -111,6 +115,7 @@ def main(argv=None):
         "loss_chunk": args.loss_chunk,
         "tok_s_retrofit_step_chunked": n_tokens / med["chunked"],
         "chunked_vs_whole_logits": med["chunked"] / med["retrofit"],
+        "chunked_recompute_vs_whole_logits": med["recompute"] / med["retrofit"],
         "target_max_slowdown": 2.0,
     }))
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from .. import compat
 from .kv_cache import append_kv
@@ -66,6 +67,9 @@ class DepthPass:
         self.runtime = None
         self.idle: set[int] = set()
         self.position_skip: dict[int, torch.Tensor] = {}
+        # recompute: run each frozen layer under activation checkpointing when gradients flow through
+        # it, so only its input is kept and its inner activations are recomputed in the backward pass.
+        self.recompute = False
 
     def enter_block(self, n: int, hidden: torch.Tensor) -> torch.Tensor:
         """Called before block n's first layer with h_{n-1}; returns the block input x_n."""
@@ -161,7 +165,11 @@ class BlockLayer(nn.Module):
         if self.is_first:
             hidden_states = dp.enter_block(n, hidden_states)
         if n not in dp.idle:
-            out = self._inner(hidden_states, *args, **kwargs)
+            if dp.recompute and hidden_states.requires_grad and torch.is_grad_enabled():
+                # The layer is frozen and deterministic (eval mode): recomputing it gives the same output.
+                out = checkpoint(self._inner, hidden_states, *args, use_reentrant=False, **kwargs)
+            else:
+                out = self._inner(hidden_states, *args, **kwargs)
             if dp.position_skip:
                 mask = dp.position_skip.get(n)
                 if mask is not None:  # reference mode: identity at the skipped positions only

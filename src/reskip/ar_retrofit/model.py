@@ -116,6 +116,14 @@ class ReskipModel(nn.Module):
             yield self
 
     @contextlib.contextmanager
+    def recomputing_layers(self, on: bool = True):
+        """Activation checkpointing of the frozen layers for the passes inside: each layer keeps only
+        its input for the backward pass and recomputes its own activations there (one more forward
+        of the layers gradients flow through, for much less memory)."""
+        with self._depth_setting("recompute", on):
+            yield self
+
+    @contextlib.contextmanager
     def blocks_skipped(self, *blocks: int):
         """Replace blocks (1-based) by identity for the passes inside the context."""
         bad = [n for n in blocks if not 1 <= n <= self.n_blocks]

@@ -66,6 +66,7 @@ class TrainConfig:
     skip_fraction: float = 1.0
     skip_max_blocks: int = 1
     loss_chunk: int | None = None  # CE and KL from the LM head in chunks of this many positions (None: whole logits)
+    recompute: bool = False  # activation checkpointing of the frozen layers (less memory, one more forward)
     eval_every: int = 25
     eval_sequences: int = 16
     save_every: int = 25
@@ -93,6 +94,7 @@ class TrainConfig:
             v = getattr(self, name)
             need(isinstance(v, int) and not isinstance(v, bool), f"{name} must be an integer, got {v!r}")
         need(isinstance(self.trust_remote_code, bool), f"trust_remote_code must be true or false, got {self.trust_remote_code!r}")
+        need(isinstance(self.recompute, bool), f"recompute must be true or false, got {self.recompute!r}")
         need(self.model is None or isinstance(self.model, str), f"model must be a name or path, got {self.model!r}")
         need(isinstance(self.data, list) and all(isinstance(d, str) for d in self.data),
              f"data must be a list of data specs, got {self.data!r}")

@@ -30,9 +30,10 @@ class RetrofitObjective(nn.Module):
     teacher, full and skip passes inside a single forward, so gradients sync once."""
 
     def __init__(self, model: ReskipModel, lambda_kl: float, lambda_ent: float, lambda_signal: float = 0.0,
-                 lambda_local: float = 0.0, loss_chunk: int | None = None):
+                 lambda_local: float = 0.0, loss_chunk: int | None = None, recompute: bool = False):
         """loss_chunk: compute CE and KL from the passes' final hidden states in chunks of this many
-        positions (`losses.head_losses`): no (B, T, V) logits held; None: from whole logits."""
+        positions (`losses.head_losses`): no (B, T, V) logits held; None: from whole logits.
+        recompute: activation checkpointing of the frozen layers in the full and skip passes."""
         super().__init__()
         self.model = model
         self.lambda_kl = lambda_kl
@@ -40,9 +41,14 @@ class RetrofitObjective(nn.Module):
         self.lambda_signal = lambda_signal
         self.lambda_local = lambda_local
         self.loss_chunk = loss_chunk
+        self.recompute = recompute
 
     def forward(self, input_ids, labels, skip_block: int, target_scale: float, position_scale: float,
                 skip_mask: torch.Tensor | None = None, also_skipped: tuple[int, ...] = ()):
+        with self.model.recomputing_layers(self.recompute):
+            return self._terms(input_ids, labels, skip_block, target_scale, position_scale, skip_mask, also_skipped)
+
+    def _terms(self, input_ids, labels, skip_block, target_scale, position_scale, skip_mask, also_skipped):
         """Loss terms as sums over this micro-batch times the given scales (1 / global counts).
 
         also_skipped: later blocks dropped together with `skip_block` in the skip branch (the joint skips

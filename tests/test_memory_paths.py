@@ -1,5 +1,6 @@
-"""Losses from final hidden states in chunks of positions (`losses.head_losses`, the objective's
-`loss_chunk`): the same loss terms and gradients as from whole (B, T, V) logits."""
+"""The training step's memory-saving paths give the step it saves memory for: losses from final hidden
+states in chunks of positions (`losses.head_losses`, the objective's `loss_chunk`) and activation
+checkpointing of the frozen layers (`recompute`): the same loss terms and gradients."""
 
 import pytest
 import torch
@@ -20,9 +21,9 @@ def _model(family: str, softcap: float | None = None):
     return rm
 
 
-def _terms_and_grads(rm, ids, labels, chunk, mask=None, lambda_signal=0.0):
+def _terms_and_grads(rm, ids, labels, chunk, mask=None, lambda_signal=0.0, recompute=False):
     rm.side_channel.zero_grad(set_to_none=True)
-    objective = RetrofitObjective(rm, 1.0, 0.01, lambda_signal=lambda_signal, loss_chunk=chunk)
+    objective = RetrofitObjective(rm, 1.0, 0.01, lambda_signal=lambda_signal, loss_chunk=chunk, recompute=recompute)
     terms = objective(ids, labels, 2, 1.0 / ids.numel(), 1.0 / ids.numel(), mask)
     terms["loss"].backward()
     return terms, [p.grad.clone() for p in rm.trainable_parameters()]
@@ -95,3 +96,35 @@ def test_hidden_only_forward_gives_the_heads_input(family):
     if softcap is not None:
         z = torch.tanh(z / softcap) * softcap
     torch.testing.assert_close(z, logits, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_recomputed_layers_give_the_same_step(family, monkeypatch):
+    """Activation checkpointing of the frozen layers, with and without chunked losses, with the
+    shortcut and a token-level skip branch: the same terms and gradients; no layer is checkpointed
+    outside the objective (the flag is restored)."""
+    base = tiny_model(family, init_std=0.3)
+    rm = retrofit(base, RetrofitConfig(block_size=2, rank=8, up_init_std=0.3, skip_path="shortcut"))
+    rm.set_curriculum(1.0)
+    ids, _ = batch(pad=False, bsz=2, seq=10)
+    mask = torch.zeros_like(ids, dtype=torch.bool)
+    mask[:, 1::2] = True
+    import reskip.ar_retrofit.depth_pass as depth_pass
+
+    calls = []
+
+    def counting(fn, *args, **kwargs):
+        calls.append(fn)
+        return torch.utils.checkpoint.checkpoint(fn, *args, **kwargs)
+
+    monkeypatch.setattr(depth_pass, "checkpoint", counting)
+    for skip_mask in (None, mask):
+        whole, g_whole = _terms_and_grads(rm, ids, ids.clone(), None, skip_mask, lambda_signal=1.0)
+        assert not calls
+        for chunk in (None, 4):
+            again, g_again = _terms_and_grads(rm, ids, ids.clone(), chunk, skip_mask, lambda_signal=1.0, recompute=True)
+            assert again["loss"].item() == pytest.approx(whole["loss"].item(), rel=1e-6)
+            _close(g_whole, g_again, 1e-4 if chunk else 0.0)
+            assert len(calls) > 0  # the layers the gradient flows through were checkpointed
+            calls.clear()
+    assert rm.depth_pass.recompute is False
