@@ -114,6 +114,7 @@ def test_frontier_is_what_eval_measures(budgeted):
     rm, pf, data = budgeted
     b = pf.data["budgets"]
     assert [p["budget"] for p in b["frontier"]] == [0.5, 1.0, 1.5, 2.0] and b["unreachable"] == [5.0]
+    assert b["curves_wall_s"] > 0 and all(p["wall_s"] > 0 for p in b["frontier"])  # where calibration's time goes
     # f = 1 is the whole block removed: its cost is log A(n) from the ordinary calibration
     for n, pts in b["curves"].items():
         assert pts[-1]["share"] == 1.0

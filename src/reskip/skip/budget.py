@@ -24,6 +24,7 @@ spent where it costs least: block n is skipped at the share f_n of the steps whe
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -210,7 +211,9 @@ def calibrate_budgets(model: ReskipModel, data: Packed, budgets, window: int, ch
     """The `budgets` section of policy.json: the cost curves and one frontier point per reachable budget."""
     was_training = model.training
     model.eval()
+    t0 = time.perf_counter()
     curves = cost_curves(model, data, window, chunk_size, levels, batch_size)
+    curves_s = time.perf_counter() - t0
     path = greedy_path(curves.points)
     frontier, unreachable = [], []
     for b in sorted(set(float(x) for x in budgets)):
@@ -219,6 +222,7 @@ def calibrate_budgets(model: ReskipModel, data: Packed, budgets, window: int, ch
             unreachable.append(b)
             continue
         shares, predicted = found
+        t0 = time.perf_counter()
         signal_blocks, measured = _measure_refit(model, data, blocks_of(shares, curves.signals), window, chunk_size)
         candidates = {"signal": {"blocks": signal_blocks, "predicted_cost": predicted,
                                  "measured": _measured(measured, curves.ce_full)}}
@@ -229,7 +233,8 @@ def calibrate_budgets(model: ReskipModel, data: Packed, budgets, window: int, ch
             candidates["static"] = {"blocks": static_blocks, "measured": _measured(measured, curves.ce_full)}
         chosen = min(candidates, key=lambda k: candidates[k]["measured"]["ce"])
         frontier.append({"budget": b, "chosen": chosen, "blocks": candidates[chosen]["blocks"],
-                         "measured": candidates[chosen]["measured"], "candidates": candidates})
+                         "measured": candidates[chosen]["measured"], "candidates": candidates,
+                         "wall_s": time.perf_counter() - t0})
         if progress is not None:
             progress(b)
     model.train(was_training)
@@ -240,6 +245,7 @@ def calibrate_budgets(model: ReskipModel, data: Packed, budgets, window: int, ch
         "sequences": len(data),
         "ce_full": curves.ce_full,
         "curves": {str(n): [{"share": s, "cost": c} for s, c in pts] for n, pts in curves.points.items()},
+        "curves_wall_s": curves_s,
         "frontier": frontier,
         "unreachable": unreachable,
     }
