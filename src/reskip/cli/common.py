@@ -10,6 +10,7 @@ import argparse
 
 from ..errors import ReskipError
 from ..ar_retrofit.config import RetrofitConfig
+from ..train.config import RECIPE_RETROFIT
 
 DTYPES = ("float32", "bfloat16")
 
@@ -34,7 +35,8 @@ def retrofit_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--boundaries", default=None, help="explicit block starts, e.g. 4,8,12 (overrides --block-size)")
     p.add_argument("--rank", type=int, default=None, help="adapter rank (default: 256 if d >= 1024, else 64)")
     p.add_argument("--skip-path", choices=("identity", "shortcut"), default=None,
-                   help="a skipped block is the identity (default) or x + S_n(x), a learned low-rank shortcut")
+                   help="a skipped block is x + S_n(x), a learned low-rank shortcut (default, the training "
+                        "recipe's), or the identity (the seed's)")
     p.add_argument("--shortcut-rank", type=int, default=None, help="rank of S_n (default: the adapter's)")
 
 
@@ -59,4 +61,5 @@ def retrofit_values(args) -> dict:
 
 
 def retrofit_config(args) -> RetrofitConfig:
-    return RetrofitConfig(**retrofit_values(args))  # its own checks raise RetrofitConfigError (a ReskipError)
+    # the training recipe's retrofit unless flags say otherwise, so parity and params describe what train builds
+    return RetrofitConfig(**{**RECIPE_RETROFIT, **retrofit_values(args)})  # its checks raise RetrofitConfigError

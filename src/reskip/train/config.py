@@ -14,6 +14,9 @@ from ..ar_retrofit.config import RetrofitConfig, reject_unknown_keys
 REAL_FIELDS = ("lr", "router_lr_mult", "source_bias_lr_mult", "weight_decay", "warmup_frac", "min_lr_frac", "clip_norm", "lambda_kl", "lambda_ent",
                "lambda_signal", "lambda_local", "hold_frac", "ramp_end_frac",
                "skip_fraction")
+# The training recipe's retrofit, where it differs from RetrofitConfig's (the seed's, which a bare
+# `retrofit(model)` keeps): a skipped block goes through a learned shortcut (docs/experiments.md, E15).
+RECIPE_RETROFIT = {"skip_path": "shortcut"}
 INT_FIELDS = ("seq_len", "steps", "batch_size", "grad_accum", "eval_every", "eval_sequences", "save_every",
               "log_every", "seed", "skip_max_blocks")
 
@@ -59,7 +62,7 @@ class TrainConfig:
     lambda_kl: float = 1.0
     lambda_ent: float = 0.01
     lambda_signal: float = 1.0
-    lambda_local: float = 0.0
+    lambda_local: float = 1.0
     hold_frac: float = 0.02
     ramp_end_frac: float = 0.3
     skip_blocks: list[int] | None = None
@@ -75,7 +78,11 @@ class TrainConfig:
     retrofit: dict = field(default_factory=dict)
 
     def retrofit_config(self) -> RetrofitConfig:
-        return RetrofitConfig.from_dict(self.retrofit)
+        return RetrofitConfig.from_dict(self.resolved_retrofit())
+
+    def resolved_retrofit(self) -> dict:
+        """The retrofit keys given, over the training recipe's own defaults (`RECIPE_RETROFIT`)."""
+        return {**RECIPE_RETROFIT, **self.retrofit}
 
     def validate(self, world_size: int = 1) -> None:
         """Refuse bad values with one clear message (called before any model loads)."""
@@ -145,7 +152,7 @@ class TrainConfig:
         return list(self.skip_blocks) if self.skip_blocks is not None else list(range(2, n_blocks))
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        return {**dataclasses.asdict(self), "retrofit": self.resolved_retrofit()}  # config.yaml says which skip path
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
