@@ -93,6 +93,7 @@ def decoder_body(model: nn.Module) -> nn.Module:
     decoder_layers(model)  # the same structural check
     return model.model
 
+
 def output_head(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None, float | None]:
     """(weight (V, d), bias (V,) or None, final logit soft-cap or None): logits = cap tanh(head(h) / cap),
     as the family's own forward computes them (Gemma's soft-cap where its config sets one)."""

@@ -6,12 +6,17 @@ import torch
 import torch.nn.functional as F
 
 
+def next_token_targets(labels: torch.Tensor) -> torch.Tensor:
+    """(B, T) -> (B, T): position t's target is token t+1 (-100: none, as at the last position)."""
+    return F.pad(labels[:, 1:], (0, 1), value=-100)
+
+
 def ce_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Next-token cross-entropy summed over labelled positions. logits (B, T, V), labels (B, T).
 
     The labels are shifted, not the logits: slicing (B, T, V) logits would copy them.
     """
-    targets = F.pad(labels[:, 1:], (0, 1), value=-100)  # (B, T): position t predicts token t+1
+    targets = next_token_targets(labels)  # (B, T)
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100, reduction="sum")
 
 
@@ -71,7 +76,7 @@ def entropy_per_block(alphas: dict) -> dict[int, float]:
 
 def ce_tokens(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Next-token cross-entropy per position (B, T); 0 where there is no labelled target (like `ce_sum`)."""
-    targets = F.pad(labels[:, 1:], (0, 1), value=-100)  # (B, T): position t predicts token t+1
+    targets = next_token_targets(labels)  # (B, T)
     ce = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100, reduction="none")
     return ce.view(targets.shape)
 
@@ -84,6 +89,14 @@ def _head_logits(h: torch.Tensor, weight, bias, softcap) -> tuple[torch.Tensor, 
         return u.float(), None
     t = torch.tanh(u / softcap)
     return (t * softcap).float(), (1 - t.float() ** 2)
+
+
+def _to_hidden(dz: torch.Tensor, cap: torch.Tensor | None, weight, dtype) -> torch.Tensor:
+    """A chunk's loss gradient w.r.t. its logits (B, c, V), in place through the soft-cap if any, ->
+    the gradient w.r.t. the hidden states the head read (B, c, d)."""
+    if cap is not None:
+        dz.mul_(cap)
+    return (dz.to(weight.dtype) @ weight).to(dtype)
 
 
 class _HeadLosses(torch.autograd.Function):
@@ -116,9 +129,7 @@ class _HeadLosses(torch.autograd.Function):
             dz.scatter_add_(-1, picked, -valid.unsqueeze(-1).to(dz.dtype))  # softmax - onehot(target)
             dz.mul_(valid.unsqueeze(-1))
             del zf
-            if cap_f is not None:
-                dz.mul_(cap_f)
-            g_full[:, sl] = (dz.to(weight.dtype) @ weight).to(g_full.dtype)
+            g_full[:, sl] = _to_hidden(dz, cap_f, weight, g_full.dtype)
             del dz, cap_f
             zs, cap_s = _head_logits(h_skip[:, sl], weight, bias, softcap)
             lse_s = zs.logsumexp(-1)  # (B, c)
@@ -127,9 +138,7 @@ class _HeadLosses(torch.autograd.Function):
                 costs[:, sl] = (lse_s - zs.gather(-1, picked).squeeze(-1)) * valid - nll_f
             dz = torch.softmax(zs, dim=-1).sub_(p)
             del zs, p
-            if cap_s is not None:
-                dz.mul_(cap_s)
-            g_skip[:, sl] = (dz.to(weight.dtype) @ weight).to(g_skip.dtype)
+            g_skip[:, sl] = _to_hidden(dz, cap_s, weight, g_skip.dtype)
         ctx.save_for_backward(g_full, g_skip)
         if costs is not None:
             ctx.mark_non_differentiable(costs)
@@ -150,5 +159,5 @@ def head_losses(h_full: torch.Tensor, h_skip: torch.Tensor, h_teacher: torch.Ten
     weight, bias, softcap = head
     if weight.requires_grad or (bias is not None and bias.requires_grad):
         raise ValueError("head_losses needs a frozen LM head: it computes no gradient for it")
-    targets = F.pad(labels[:, 1:], (0, 1), value=-100)  # (B, T): position t predicts token t+1
+    targets = next_token_targets(labels)  # (B, T)
     return _HeadLosses.apply(h_full, h_skip, h_teacher.detach(), weight, bias, softcap, targets, chunk, want_costs)

@@ -32,8 +32,8 @@ class TrainConfig:
     skip_fraction: the share of positions (drawn per step) at which the drawn block is identity in
         the skip branch; 1.0 (default) is the seed's whole-block skip, below 1 a token-level one.
     lambda_local: with a skip shortcut, the weight of the local regression of x_n + S_n(x_n) onto the
-        block's real output h_n (`objective.local_regression`); 0 (default): the shortcut learns from the
-        skip branch's KL only.
+        block's real output h_n (`objective.local_regression`); 1 (default, E15); 0: the shortcut learns
+        from the skip branch's KL only.
     skip_max_blocks: the skip branch drops 1..skip_max_blocks distinct blocks together (the count
         drawn uniformly per step); 1 (default) is the seed's single block.
     hold_frac / ramp_end_frac: c(t) is 0 until hold_frac of training, 1 from ramp_end_frac.

@@ -16,11 +16,10 @@ full path's, detached). Minimising it makes the correlation negative, which is w
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..compat import output_head
-from ..losses import ce_sum, ce_tokens, entropy_sum, head_losses, kl_sum, teacher_targets
+from ..losses import ce_sum, ce_tokens, entropy_sum, head_losses, kl_sum, next_token_targets, teacher_targets
 from ..ar_retrofit.model import ReskipModel
 from .process_group import global_sum, world_size
 
@@ -93,7 +92,7 @@ class RetrofitObjective(nn.Module):
         loss = ce + self.lambda_kl * kl - self.lambda_ent * ent
         sig = torch.zeros(())
         if want_signal:
-            valid = F.pad(labels[:, 1:], (0, 1), value=-100) != -100  # (B, T): positions with a target
+            valid = next_token_targets(labels) != -100  # (B, T): positions with a target
             sig = pearson(full.alphas[skip_block][..., -1][valid], cost[valid])
             loss = loss + self.lambda_signal * sig
         local = torch.zeros(())
@@ -113,8 +112,6 @@ def local_regression(rm: ReskipModel, cap) -> torch.Tensor:
         x, h = cap.inputs[int(n)].detach().float(), cap.states[int(n)].detach().float()  # (B, T, d)
         num.append((shortcut(x) - h).pow(2).sum())
         den.append((h - x).pow(2).sum())
-    if world_size() == 1:
-        return torch.stack([a / b.clamp_min(1e-12) for a, b in zip(num, den)]).mean()
     # Ratios of sums over every process's tokens, as one process holding the whole micro-batch.
     num, den = global_sum(torch.stack(num), differentiable=True), global_sum(torch.stack(den))  # (n_shortcuts,)
     return (num / den.clamp_min(1e-12)).mean()
