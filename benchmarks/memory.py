@@ -36,12 +36,13 @@ import time
 import psutil
 import torch
 
-from reskip import RetrofitConfig, load_backbone, retrofit
+from reskip import load_backbone, retrofit
 from reskip.backbones.accounting import architecture_config
 from reskip.data.packing import Packed
 from reskip.evaluate.methods import Method, evaluate_methods
 from reskip.skip.calibration import calibrate
 from reskip.skip.policies import NoSkip, StaticSkip
+from reskip.train.config import TrainConfig
 from reskip.train.objective import RetrofitObjective
 from transformers import AutoModelForCausalLM
 
@@ -146,7 +147,9 @@ def main(argv=None):
         x = model.get_input_embeddings()(ids).detach().requires_grad_(True)
         model(inputs_embeds=x, labels=labels, use_cache=False).loss.backward()
 
-    rm = retrofit(model, RetrofitConfig(rank=args.rank))
+    # The default training recipe's retrofit (its skip shortcuts included) and loss weights.
+    recipe = TrainConfig(retrofit={} if args.rank is None else {"rank": args.rank})
+    rm = retrofit(model, recipe.retrofit_config())
     rank = next(iter(rm.side_channel.per_block.values())).adapter.down.out_features  # the retrofit's adapter rank
 
     def lora():
@@ -158,8 +161,8 @@ def main(argv=None):
 
     rm.set_curriculum(1.0)
     def train_step(loss_chunk=None, recompute=False):
-        objective = RetrofitObjective(rm, lambda_kl=1.0, lambda_ent=0.01, lambda_signal=1.0, loss_chunk=loss_chunk,
-                                      recompute=recompute)
+        objective = RetrofitObjective(rm, recipe.lambda_kl, recipe.lambda_ent, recipe.lambda_signal, recipe.lambda_local,
+                                      loss_chunk=loss_chunk, recompute=recompute)
         terms = objective(ids, labels, 2, 1.0 / n_tokens, 1.0 / n_tokens)
         terms["loss"].backward()
         rm.side_channel.zero_grad(set_to_none=True)

@@ -23,9 +23,10 @@ import time
 
 import torch
 
-from reskip import RetrofitConfig, load_backbone, retrofit
+from reskip import load_backbone, retrofit
 from reskip.data.packing import pack
 from reskip.data.sources import load_splits
+from reskip.train.config import TrainConfig
 from reskip.train.objective import RetrofitObjective
 
 
@@ -66,14 +67,16 @@ def main(argv=None):
         model.zero_grad(set_to_none=True)
         model.requires_grad_(False)
 
-    rm = retrofit(model, RetrofitConfig(rank=args.rank))
+    # The default training recipe's retrofit (its skip shortcuts included) and loss weights.
+    recipe = TrainConfig(retrofit={} if args.rank is None else {"rank": args.rank})
+    rm = retrofit(model, recipe.retrofit_config())
     rm.set_curriculum(1.0)
     drawable = list(range(2, rm.n_blocks))
 
     def retrofit_steps(loss_chunk, recompute=False):
-        """The default recipe's step (signal term on), from whole logits or in chunks of positions."""
-        objective = RetrofitObjective(rm, lambda_kl=1.0, lambda_ent=0.01, lambda_signal=1.0, loss_chunk=loss_chunk,
-                                      recompute=recompute)
+        """The default recipe's step, from whole logits or in chunks of positions."""
+        objective = RetrofitObjective(rm, recipe.lambda_kl, recipe.lambda_ent, recipe.lambda_signal, recipe.lambda_local,
+                                      loss_chunk=loss_chunk, recompute=recompute)
         calls = {"n": 0}
 
         def step():

@@ -128,3 +128,14 @@ def test_recomputed_layers_give_the_same_step(family, monkeypatch):
             assert len(calls) > 0  # the layers the gradient flows through were checkpointed
             calls.clear()
     assert rm.depth_pass.recompute is False
+
+
+def test_local_regression_with_no_middle_block():
+    """Two blocks: the shortcut path has no shortcut to regress (blocks 2..N-1 is empty); the default
+    recipe's local term is then 0, not an error."""
+    rm = retrofit(tiny_model("llama", init_std=0.3), RetrofitConfig(block_size=4, rank=8, skip_path="shortcut"))
+    rm.set_curriculum(1.0)
+    ids, _ = batch(pad=False, bsz=2, seq=10)
+    terms = RetrofitObjective(rm, 1.0, 0.01, lambda_local=1.0)(ids, ids.clone(), 2, 1.0 / ids.numel(), 1.0 / ids.numel())
+    assert len(rm.side_channel.shortcuts) == 0 and terms["local"].item() == 0.0
+    assert torch.isfinite(terms["loss"])

@@ -96,7 +96,7 @@ class RetrofitObjective(nn.Module):
             sig = pearson(full.alphas[skip_block][..., -1][valid], cost[valid])
             loss = loss + self.lambda_signal * sig
         local = torch.zeros(())
-        if self.lambda_local > 0 and rm.side_channel.shortcuts is not None:
+        if self.lambda_local > 0 and rm.side_channel.shortcuts:  # None, or empty with no middle block
             local = local_regression(rm, cap)
             loss = loss + self.lambda_local * local
         return {"loss": loss, "ce": ce.detach(), "kl": kl.detach(), "ent": ent.detach(), "sig": sig.detach(),
