@@ -16,6 +16,8 @@ Cases:
                 also with activation checkpointing of the frozen layers);
   calibrate   - one calibration batch (`reskip.skip.calibration.calibrate` on batch-size sequences:
                 the full pass with alphas, every block's ablation pass);
+  validate    - the training loop's validation (`reskip.train.validation.evaluate`) on the batch, in
+                batches of --val-batch sequences (the loop's: the micro-batch);
   eval_seq    - one evaluation sequence (`reskip.evaluate.methods.evaluate_methods` with the
                 backbone, the retrofit and static:1 scored in chunks).
 
@@ -44,6 +46,7 @@ from reskip.skip.calibration import calibrate
 from reskip.skip.policies import NoSkip, StaticSkip
 from reskip.train.config import TrainConfig
 from reskip.train.objective import RetrofitObjective
+from reskip.train.validation import evaluate
 from transformers import AutoModelForCausalLM
 
 
@@ -125,6 +128,7 @@ def main(argv=None):
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--rank", type=int, default=None, help="adapter rank (default: the retrofit's)")
     ap.add_argument("--loss-chunk", type=int, default=64, help="positions per chunk of the chunked-loss step")
+    ap.add_argument("--val-batch", type=int, default=None, help="sequences per validation batch (default: --batch)")
     args = ap.parse_args(argv)
     dtype = getattr(torch, args.dtype)
 
@@ -173,6 +177,9 @@ def main(argv=None):
         with torch.no_grad():
             calibrate(rm, Packed(ids, labels, ["x"] * len(ids)), delta=1.0, batch_size=len(ids))
 
+    def validation():
+        evaluate(rm, Packed(ids, labels, data.sources), batch_size=args.val_batch or args.batch)
+
     def eval_sequence():
         one = Packed(data.input_ids[:1].to(args.device), data.labels[:1].to(args.device), ["x"])
         evaluate_methods(rm, one, [Method("backbone", None), Method("retrofit", NoSkip()),
@@ -186,6 +193,7 @@ def main(argv=None):
     cases["train_step_chunked"] = peak_above_start(lambda: train_step(args.loss_chunk), args.device)
     cases["train_step_chunked_recompute"] = peak_above_start(lambda: train_step(args.loss_chunk, True), args.device)
     cases["calibrate"] = peak_above_start(calibration_batch, args.device)
+    cases["validate"] = peak_above_start(validation, args.device)
     cases["eval_seq"] = peak_above_start(eval_sequence, args.device)
     logits_gib = n_tokens * vocab * 4 / 2**30  # one (B, T, V) float32 tensor
     print(json.dumps({

@@ -16,7 +16,9 @@ from reskip.evaluate.methods import Method, evaluate_methods, matched_methods, p
 from reskip.skip.budget import (allocation_at, calibrate_budgets, chunk_ends, greedy_path, static_at,
                                 step_positions, threshold)
 from reskip.skip.calibration import calibrate
-from reskip.skip.policies import StaticSkip
+from reskip.skip.stage import format_policy
+from reskip.skip.policies import RandomSkip, ReSkip, StaticSkip, plan
+from reskip.skip.scoring import score
 from reskip.skip.policy_file import PolicyError
 from reskip.skip.spec import METHOD_KINDS, SpecError, parse_spec
 
@@ -115,6 +117,7 @@ def test_frontier_is_what_eval_measures(budgeted):
     b = pf.data["budgets"]
     assert [p["budget"] for p in b["frontier"]] == [0.5, 1.0, 1.5, 2.0] and b["unreachable"] == [5.0]
     assert b["curves_wall_s"] > 0 and all(p["wall_s"] > 0 for p in b["frontier"])  # where calibration's time goes
+    assert pf.data["calibration"]["wall_s"] > 0 and "calibration wall time: blocks" in format_policy(pf)
     # f = 1 is the whole block removed: its cost is log A(n) from the ordinary calibration
     for n, pts in b["curves"].items():
         assert pts[-1]["share"] == 1.0
@@ -133,6 +136,42 @@ def test_frontier_is_what_eval_measures(budgeted):
             assert p["measured"]["ce"] <= st["measured"]["ce"] + 1e-12
     whole = {p["budget"]: p for p in b["frontier"]}[2.0]["candidates"]["static"]["blocks"]
     assert all(blk["tau"] is None and blk["fraction"] == 1.0 for blk in whole.values())  # static:2 is whole blocks
+
+
+def test_planned_decisions_are_the_runtime_s(budgeted):
+    """`plan` asks a signal-free policy what the runtime would, in its order: the planned steps are the
+    trace of scoring with the policy itself, sequence after sequence (a fractional mix's counter and a
+    random draw run on), and a policy that reads a signal has no plan."""
+    rm, pf, data = budgeted
+    make = [lambda: StaticSkip({3}, partial=2, fraction=0.4), lambda: RandomSkip(0.5, {2, 3}, seed=1),
+            lambda: ReSkip({}, {2, 3}, 1, always=frozenset({2, 3}))]
+    for new in make:
+        planned, scored = new(), new()
+        for i in range(3):
+            steps = plan(planned, rm.n_blocks, 3).steps
+            _, trace = score(rm, data.input_ids[i : i + 1], scored, window=4, chunk_size=8)
+            assert steps == [frozenset(t.skipped) for t in trace]
+    assert plan(ReSkip({2: 0.5}, {2}, 1), rm.n_blocks, 3) is None
+
+
+def test_identical_decisions_are_scored_once_with_the_same_figures(budgeted):
+    """static:{3} and a budget that always drops block 3 take the same decisions: evaluated together the
+    second is not scored again (its wall time is a lookup), and every figure equals that of each method
+    evaluated on its own, bit for bit; a fractional mix and random run on as if scored."""
+    rm, pf, data = budgeted
+
+    def methods():
+        return [Method("backbone", None), Method("static", StaticSkip({3})),
+                Method("always", ReSkip({}, {3}, 1, always=frozenset({3}))),
+                Method("mix", StaticSkip(set(), partial=3, fraction=0.5)), Method("random", RandomSkip(0.3, {2, 3}))]
+
+    together = evaluate_methods(rm, data, methods(), window=4, chunk_size=8)
+    for m in methods()[1:]:
+        alone = evaluate_methods(rm, data, [Method("backbone", None), m], window=4, chunk_size=8)[m.name]
+        assert {k: v for k, v in alone.items() if k != "wall_s"} == \
+            {k: v for k, v in together[m.name].items() if k != "wall_s"}, m.name
+    assert together["always"]["wall_s"] < together["static"]["wall_s"] / 10
+    assert together["mix"]["mean_skipped"] == 0.5
 
 
 def test_budget_spec_errors_name_the_stored_budgets(budgeted):

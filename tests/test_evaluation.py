@@ -142,7 +142,7 @@ def test_memory_benchmark_on_a_tiny_model(tmp_path, capsys):
     assert len(lines) == 1
     r = json.loads(lines[0])
     assert set(r["peak_gib"]) == {"frozen", "lora", "train_step", "train_step_chunked",
-                                "train_step_chunked_recompute", "calibrate", "eval_seq"}
+                                "train_step_chunked_recompute", "calibrate", "validate", "eval_seq"}
     assert all(v >= 0 for v in r["peak_gib"].values()) and r["vocab"] > 0
     # The sampler sees a step's own allocations: a step that holds 64 MiB more is seen holding it.
     with module.PeakRSS() as m:

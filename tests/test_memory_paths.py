@@ -139,3 +139,28 @@ def test_local_regression_with_no_middle_block():
     terms = RetrofitObjective(rm, 1.0, 0.01, lambda_local=1.0)(ids, ids.clone(), 2, 1.0 / ids.numel(), 1.0 / ids.numel())
     assert len(rm.side_channel.shortcuts) == 0 and terms["local"].item() == 0.0
     assert torch.isfinite(terms["loss"])
+
+
+def test_validation_one_sequence_at_a_time_gives_the_batchs_figures():
+    """With chunked losses the training loop validates one sequence at a time (no (B, T, V) logits held):
+    every logged figure is the batched one's, to float32 rounding."""
+    from reskip.data.packing import Packed
+    from reskip.train.validation import evaluate
+
+    rm = _model("llama")
+    ids, _ = batch(pad=False, bsz=4, seq=12)
+    labels = ids.clone()
+    labels[1, :4] = -100
+    data = Packed(ids, labels, ["x"] * 4)
+    whole, one = evaluate(rm, data, batch_size=4), evaluate(rm, data, batch_size=1)
+
+    def flat(d, prefix=""):
+        out = {}
+        for k, v in d.items():
+            out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k: v})
+        return out
+
+    a, b = flat(whole), flat(one)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert b[k] == pytest.approx(a[k], rel=1e-5, abs=1e-6), k

@@ -22,7 +22,7 @@ from ..data.packing import Packed
 from ..errors import ReskipError
 from ..losses import ce_sum, kl_sum, teacher_targets
 from ..ar_retrofit.model import ReskipModel
-from ..skip.policies import NoSkip, SkipPolicy
+from ..skip.policies import NoSkip, SkipPolicy, plan
 from ..skip.policy_file import PolicyFile, make_policy
 from ..skip.scoring import score
 from ..skip.spec import METHOD_GRAMMAR, Spec, parse_spec
@@ -96,6 +96,14 @@ class Tally:
     margin_measured: bool = False
     seconds: float = 0.0  # wall time of this method's own passes and metrics
 
+    def add(self, other: "Tally") -> None:
+        """Fold one sequence's tally into this one (its wall time excluded: the caller times)."""
+        for name in ("ce", "targets", "positions", "agree", "kl", "margin_holds", "changed_where_holds", "changed",
+                     "executed", "dense"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.skipped_per_step.extend(other.skipped_per_step)
+        self.margin_measured = self.margin_measured or other.margin_measured
+
     def result(self, ppl_backbone: float | None, n_blocks: int) -> dict:
         ppl = math.exp(self.ce / self.targets)
         hist = [self.skipped_per_step.count(k) for k in range(n_blocks + 1)]
@@ -118,9 +126,50 @@ class Tally:
         }
 
 
+@dataclass
+class References:
+    """What every method of one sequence is compared with, computed once per sequence."""
+
+    labels: torch.Tensor  # (1, T)
+    z_back: torch.Tensor  # the backbone's logits (1, T, V)
+    teacher: tuple  # teacher_targets(z_back)
+    back_top1: torch.Tensor  # (1, T)
+    z_full: torch.Tensor  # the retrofit's logits, nothing skipped (1, T, V)
+    full_top1: torch.Tensor  # (1, T)
+    margin: torch.Tensor  # top-1 minus top-2 of z_full (1, T)
+
+
+def _tally_of(z: torch.Tensor, ref: References, skipped: list, lengths: list, is_backbone: bool, cost) -> Tally:
+    """One sequence's metrics of logits z (1, T, V). cost: (executed, dense) layer FLOPs of its steps."""
+    t = Tally()
+    labels = ref.labels
+    t.ce = ce_sum(z, labels).item()
+    t.targets = int((labels[:, 1:] != -100).sum())
+    t.positions = labels.numel()
+    top1 = z.argmax(-1)
+    t.agree = int((top1 == ref.back_top1).sum())
+    if not is_backbone:  # the backbone's KL to itself is 0 exactly, and it has no margin check
+        t.kl = kl_sum(ref.teacher, z).item()
+        eps = (z - ref.z_full).abs().amax(-1)  # (1, T)
+        holds = 2 * eps < ref.margin
+        changed = top1 != ref.full_top1
+        t.margin_holds = int(holds.sum())
+        t.changed_where_holds = int((holds & changed).sum())
+        t.changed = int(changed.sum())
+        t.margin_measured = True
+    t.executed, t.dense = cost(skipped, lengths)
+    t.skipped_per_step = [len(s) for s in skipped]
+    return t
+
+
 @torch.no_grad()
 def evaluate_methods(model: ReskipModel, data: Packed, methods: list[Method], window: int, chunk_size: int,
-                     policy_file: PolicyFile | None = None, seed: int = 0, progress=None) -> dict[str, dict]:
+                     policy_file: PolicyFile | None = None, seed: int = 0, progress=None,
+                     _seen: dict | None = None) -> dict[str, dict]:
+    """Every method on every sequence of `data`. A method that reads no signal has its decisions planned
+    first (`policies.plan`); a sequence already scored with exactly those decisions (by another method:
+    static:2 and a budget of two whole blocks, static and influence picking the same block) is not scored
+    again: the same decisions run the same computation, so its metrics are reused, bit for bit."""
     flops = LayerFlops.of(model.base_model.config)
     side = model.side_channel
     per_shortcut = shortcut_flops(side.hidden_size, side.shortcut_rank)
@@ -128,49 +177,43 @@ def evaluate_methods(model: ReskipModel, data: Packed, methods: list[Method], wi
     expand = any(m.name == "matched" for m in methods)
     methods = [m for m in methods if m.name != "matched"]
     tallies = {m.name: Tally() for m in methods}
+    seen = {} if _seen is None else _seen  # (sequence, decisions per step) -> that sequence's Tally
     model.eval()
 
-    def run(method: Method, ids, labels, z_back, teacher, z_full, margin, tally: Tally):
-        """teacher: teacher_targets(z_back); margin: top-1 minus top-2 of z_full, both (1, T) per sequence."""
-        t0 = time.perf_counter()
+    def cost(skipped, lengths):
+        return executed_share(model.blocks, skipped, lengths, flops, shortcut)
+
+    def run(method: Method, i: int, ids, ref: References) -> Tally:
+        T = ids.shape[1]
         if method.policy is None:  # the backbone: its logits are the reference, computed once
-            z, steps, lengths = z_back, [[]], [ids.shape[1]]
-        elif isinstance(method.policy, NoSkip):  # one pass, nothing skipped
-            z, steps, lengths = z_full, [[]], [ids.shape[1]]
-        else:
-            z, trace = score(model, ids, method.policy, window, chunk_size)
-            steps, lengths = [t.skipped for t in trace], [t.length for t in trace]
-        tally.ce += ce_sum(z, labels).item()
-        tally.targets += int((labels[:, 1:] != -100).sum())
-        tally.positions += ids.numel()
-        tally.agree += int((z.argmax(-1) == z_back.argmax(-1)).sum())
-        tally.kl += kl_sum(teacher, z).item() if method.policy is not None else 0.0  # backbone: 0 exactly
-        if method.policy is not None:
-            eps = (z - z_full).abs().amax(-1)  # (B, T)
-            holds = 2 * eps < margin
-            changed = z.argmax(-1) != z_full.argmax(-1)
-            tally.margin_holds += int(holds.sum())
-            tally.changed_where_holds += int((holds & changed).sum())
-            tally.changed += int(changed.sum())
-            tally.margin_measured = True
-        executed, dense = executed_share(model.blocks, steps, lengths, flops, shortcut)
-        tally.executed += executed
-        tally.dense += dense
-        tally.skipped_per_step.extend(len(s) for s in steps)
-        tally.seconds += time.perf_counter() - t0
-        return z
+            return _tally_of(ref.z_back, ref, [[]], [T], True, cost)
+        if isinstance(method.policy, NoSkip):  # one pass, nothing skipped
+            return _tally_of(ref.z_full, ref, [[]], [T], False, cost)
+        policy = method.policy
+        planned = plan(policy, model.n_blocks, 1 if chunk_size >= T else math.ceil(T / chunk_size))
+        if planned is not None:
+            key = (i, tuple(tuple(sorted(s)) for s in planned.steps))
+            if key in seen:
+                return seen[key]
+            policy = planned
+        z, trace = score(model, ids, policy, window, chunk_size)
+        skipped = [t.skipped for t in trace]
+        one = _tally_of(z, ref, skipped, [t.length for t in trace], False, cost)
+        seen[(i, tuple(tuple(sorted(s)) for s in skipped))] = one
+        return one
 
     for i in range(len(data)):
         ids, labels = data.input_ids[i : i + 1], data.labels[i : i + 1]
         with model.side_channel_disabled():
             z_back = model(input_ids=ids, use_cache=False).logits  # (1, T, V)
         z_full = model(input_ids=ids, use_cache=False).logits
-        # Per sequence, not per method: the teacher distribution and the full model's top-1 margin.
-        teacher = teacher_targets(z_back)
         top2 = z_full.topk(2, dim=-1).values
-        margin = top2[..., 0] - top2[..., 1]
+        ref = References(labels, z_back, teacher_targets(z_back), z_back.argmax(-1), z_full, z_full.argmax(-1),
+                         top2[..., 0] - top2[..., 1])
         for m in methods:
-            run(m, ids, labels, z_back, teacher, z_full, margin, tallies[m.name])
+            t0 = time.perf_counter()
+            tallies[m.name].add(run(m, i, ids, ref))
+            tallies[m.name].seconds += time.perf_counter() - t0
         if progress is not None:
             progress(i + 1, len(data))
     ppl_backbone = math.exp(tallies["backbone"].ce / tallies["backbone"].targets) if "backbone" in tallies else None
@@ -182,7 +225,8 @@ def evaluate_methods(model: ReskipModel, data: Packed, methods: list[Method], wi
                 extra += [m for m in matched_methods(policy_file, r["mean_skipped"], seed) if m.name not in results
                           and m.name not in {e.name for e in extra}]
         if extra:
-            more = evaluate_methods(model, data, [Method("backbone", None), *extra], window, chunk_size, None, seed)
+            more = evaluate_methods(model, data, [Method("backbone", None), *extra], window, chunk_size, None, seed,
+                                    _seen=seen)
             for m in extra:
                 # `more` holds its own backbone row over the same sequences, so its ratios already hold
                 results[m.name] = {**more[m.name], "matched": True}

@@ -11,6 +11,7 @@ with a router (n >= 2).
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import torch
@@ -40,6 +41,7 @@ def calibrate(model: ReskipModel, data: Packed, delta: float = 0.2, quantile: fl
               max_skips: int = 2, batch_size: int = 4, data_record: dict | None = None, progress=None) -> PolicyFile:
     if window < 1:
         raise ValueError("window must be >= 1")
+    t0 = time.perf_counter()
     n_blocks = model.n_blocks
     ce_full, n_targets = 0.0, 0
     ce_skip = {k: 0.0 for k in range(1, n_blocks + 1)}
@@ -111,7 +113,8 @@ def calibrate(model: ReskipModel, data: Packed, delta: float = 0.2, quantile: fl
         "window": window,
         "max_skips": max_skips,
         "calibration": {"data": data_record or {}, "sequences": len(data), "seq_len": int(data.input_ids.shape[1]),
-                        "tokens": positions, "labelled_targets": n_targets},
+                        "tokens": positions, "labelled_targets": n_targets,
+                        "wall_s": time.perf_counter() - t0},  # the blocks' ablation passes (the frontier: `budgets`)
         "ppl_full": ppl_full,
         "I_source0": max(m[0] for m in mean_alpha.values()) if mean_alpha else None,
         "mean_alpha": {str(n): v for n, v in mean_alpha.items()},

@@ -126,3 +126,35 @@ class RandomSkip(SkipPolicy):
 
     def describe(self):
         return {"policy": self.name, "p": self.p, "eligible": sorted(self.eligible), "seed": self.seed}
+
+
+@dataclass
+class PlannedSkip(SkipPolicy):
+    """Decisions fixed in advance: `steps[j]` is the set of blocks skipped at step j of a sequence
+    (`plan`). Scoring under it computes exactly what the planned policy would have."""
+
+    steps: list[frozenset[int]]
+    name: str = "planned"
+
+    def skip(self, n, w_recent, skipped_so_far, step):
+        return n in self.steps[step]
+
+    def reads_signal(self, n):
+        return False
+
+
+def plan(policy: SkipPolicy, n_blocks: int, n_steps: int) -> PlannedSkip | None:
+    """The decisions `policy` takes over the next sequence of `n_steps` steps, asked in the runtime's
+    order (every step, blocks 1..N), when it reads no block's signal (static, influence, random, a
+    budget of whole blocks): its state (a fractional mix's counter, a random draw) advances as if that
+    sequence ran. None when it reads a signal: its decisions depend on the model's states."""
+    if any(policy.reads_signal(n) for n in range(1, n_blocks + 1)):
+        return None
+    steps = []
+    for j in range(n_steps):
+        skipped: list[int] = []
+        for n in range(1, n_blocks + 1):
+            if policy.skip(n, float("nan"), len(skipped), j):
+                skipped.append(n)
+        steps.append(frozenset(skipped))
+    return PlannedSkip(steps)

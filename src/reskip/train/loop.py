@@ -120,8 +120,11 @@ def train(
     def run_eval(step):
         if main:
             model.set_curriculum(curriculum(step, cfg.steps, cfg.hold_frac, cfg.ramp_end_frac))
+            # With chunked losses (the memory-lean recipe) validation scores one sequence at a time, so it holds
+            # (1, T, V) logits, not the micro-batch's (B, T, V): otherwise it would set the run's peak.
+            val_batch = 1 if cfg.loss_chunk else max(1, cfg.batch_size // max(1, cfg.grad_accum))
             log({"kind": "eval", "step": step, "c": model.side_channel.curriculum, "tokens_seen": tokens_seen,
-                 **evaluate(model, val_data, batch_size=max(1, cfg.batch_size // max(1, cfg.grad_accum)))})
+                 **evaluate(model, val_data, batch_size=val_batch)})
 
     if start == 0:
         run_eval(0)
