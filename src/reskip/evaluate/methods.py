@@ -162,6 +162,11 @@ def _tally_of(z: torch.Tensor, ref: References, skipped: list, lengths: list, is
     return t
 
 
+def _decisions(steps) -> tuple:
+    """The blocks skipped at each step, as a key: ((2, 4), (4,), ...)."""
+    return tuple(tuple(sorted(s)) for s in steps)
+
+
 @torch.no_grad()
 def evaluate_methods(model: ReskipModel, data: Packed, methods: list[Method], window: int, chunk_size: int,
                      policy_file: PolicyFile | None = None, seed: int = 0, progress=None,
@@ -192,14 +197,14 @@ def evaluate_methods(model: ReskipModel, data: Packed, methods: list[Method], wi
         policy = method.policy
         planned = plan(policy, model.n_blocks, 1 if chunk_size >= T else math.ceil(T / chunk_size))
         if planned is not None:
-            key = (i, tuple(tuple(sorted(s)) for s in planned.steps))
+            key = (i, _decisions(planned.steps))
             if key in seen:
                 return seen[key]
             policy = planned
         z, trace = score(model, ids, policy, window, chunk_size)
         skipped = [t.skipped for t in trace]
         one = _tally_of(z, ref, skipped, [t.length for t in trace], False, cost)
-        seen[(i, tuple(tuple(sorted(s)) for s in skipped))] = one
+        seen[(i, _decisions(skipped))] = one
         return one
 
     for i in range(len(data)):
