@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import dataclasses
 import gc
 import json
 import threading
@@ -165,8 +166,7 @@ def main(argv=None):
 
     rm.set_curriculum(1.0)
     def train_step(loss_chunk=None, recompute=False):
-        objective = RetrofitObjective(rm, recipe.lambda_kl, recipe.lambda_ent, recipe.lambda_signal, recipe.lambda_local,
-                                      loss_chunk=loss_chunk, recompute=recompute)
+        objective = RetrofitObjective.of(rm, dataclasses.replace(recipe, loss_chunk=loss_chunk, recompute=recompute))
         terms = objective(ids, labels, 2, 1.0 / n_tokens, 1.0 / n_tokens)
         terms["loss"].backward()
         rm.side_channel.zero_grad(set_to_none=True)

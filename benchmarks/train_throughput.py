@@ -17,6 +17,7 @@ checkpointing of the frozen layers.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import time
@@ -75,8 +76,7 @@ def main(argv=None):
 
     def retrofit_steps(loss_chunk, recompute=False):
         """The default recipe's step, from whole logits or in chunks of positions."""
-        objective = RetrofitObjective(rm, recipe.lambda_kl, recipe.lambda_ent, recipe.lambda_signal, recipe.lambda_local,
-                                      loss_chunk=loss_chunk, recompute=recompute)
+        objective = RetrofitObjective.of(rm, dataclasses.replace(recipe, loss_chunk=loss_chunk, recompute=recompute))
         calls = {"n": 0}
 
         def step():

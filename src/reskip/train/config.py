@@ -69,7 +69,7 @@ class TrainConfig:
     skip_fraction: float = 1.0
     skip_max_blocks: int = 1
     # CE and KL from the LM head in chunks of this many positions (null: from whole (B, T, V) logits). 64 since
-    # issue 18 (E19): the step's peak 6.28 -> 4.56 GiB at 8 x 256 on the bundled model, no slower.
+    # issue 18 (E19): the step's peak 6.02 -> 4.25 GiB above the model at 8 x 256 on the bundled model, no slower.
     loss_chunk: int | None = 64
     recompute: bool = False  # activation checkpointing of the frozen layers (less memory, one more forward)
     eval_every: int = 25

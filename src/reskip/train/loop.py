@@ -99,8 +99,7 @@ def train(
             raise ReskipError(f"{run_dir} has no checkpoint to resume from")
         state = load_checkpoint(ckpt, model, optimizer)
         start, tokens_seen = state["step"], state["tokens_seen"]
-    objective = RetrofitObjective(model, cfg.lambda_kl, cfg.lambda_ent, cfg.lambda_signal, cfg.lambda_local,
-                                  cfg.loss_chunk, cfg.recompute)
+    objective = RetrofitObjective.of(model, cfg)
     objective, optimizer = accelerator.prepare(objective, optimizer)
     main = accelerator.is_main_process
     if main:

@@ -42,6 +42,12 @@ class RetrofitObjective(nn.Module):
         self.loss_chunk = loss_chunk
         self.recompute = recompute
 
+    @classmethod
+    def of(cls, model: ReskipModel, cfg) -> "RetrofitObjective":
+        """The objective a `TrainConfig` describes: its loss weights, loss chunk and recompute setting."""
+        return cls(model, cfg.lambda_kl, cfg.lambda_ent, cfg.lambda_signal, cfg.lambda_local, cfg.loss_chunk,
+                   cfg.recompute)
+
     def forward(self, input_ids, labels, skip_block: int, target_scale: float, position_scale: float,
                 skip_mask: torch.Tensor | None = None, also_skipped: tuple[int, ...] = ()):
         with self.model.recomputing_layers(self.recompute):
