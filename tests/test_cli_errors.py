@@ -100,3 +100,13 @@ def test_bad_invocation_is_one_line_and_exit_2(argv, word, tmp_path, capsys, tin
 def test_the_table_covers_every_command():
     commands = set(build_parser()._subparsers._group_actions[0].choices)
     assert commands == {argv[0] for argv, _ in BAD if argv and argv[0] in commands}
+
+
+def test_benchmarks_none_means_no_multiple_choice():
+    """`--benchmarks none`, as the help says, and a bare `--benchmarks` both switch multiple choice off."""
+    from reskip.cli.evaluate import eval_options
+
+    parser = build_parser()
+    for tail in (["--benchmarks", "none"], ["--benchmarks"]):
+        assert eval_options(parser.parse_args(["eval", "--adapter", "x", *tail])).benchmarks == []
+    assert eval_options(parser.parse_args(["eval", "--adapter", "x"])).benchmarks == ["mmlu"]

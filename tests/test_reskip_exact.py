@@ -8,8 +8,8 @@ from conftest import VOCAB, batch, tiny_model
 from reskip import RetrofitConfig, retrofit
 from reskip.compat import cache_kwarg
 from reskip.ar_retrofit.kv_cache import append_kv, reference_logits
-from reskip.skip.scoring import generate, score
-from reskip.skip.policies import NoSkip, RandomSkip, ReSkip, SkipPolicy, StaticSkip
+from reskip.skip.scoring import generate, score, score_planned
+from reskip.skip.policies import NoSkip, PlannedSkip, RandomSkip, ReSkip, SkipPolicy, StaticSkip
 
 EXACT_FAMILIES = ["llama", "qwen3", "gemma3", "qwen2", "mistral"]
 
@@ -111,6 +111,37 @@ def test_chunked_scoring_equals_reference(family):
     logits, trace = score(rm, ids, RandomSkip(p=0.5, eligible={2, 3}, seed=4), window=5, chunk_size=4)
     assert [t.length for t in trace] == [4, 4, 4, 2] and [t.start for t in trace] == [0, 4, 8, 12]
     torch.testing.assert_close(logits, reference_logits(rm, ids, trace), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3"])
+@pytest.mark.parametrize("shortcut", [False, True])
+def test_batched_planned_scoring_equals_each_row_alone(family, shortcut):
+    """Rows with their own plans in one batch: at some steps a block every row skips (not run), at others
+    one only some rows skip (run, identity on those rows), and an uneven last chunk. Each row's logits are
+    those of scoring it alone under its plan (the exact cache), to float rounding, and so is the trace."""
+    cfg = RetrofitConfig(block_size=2, rank=8, up_init_std=0.3, skip_path="shortcut" if shortcut else "identity")
+    rm = retrofit(tiny_model(family, init_std=0.3), cfg)
+    rm.set_curriculum(1.0)
+    if shortcut:  # a shortcut that is not the identity, so rows that skip differ from rows that run
+        with torch.no_grad():
+            for s in rm.side_channel.shortcuts.values():
+                for p in s.parameters():
+                    p.normal_(0, 0.3)
+    ids = torch.randint(3, VOCAB, (3, 14), generator=torch.Generator().manual_seed(5))
+    f = frozenset
+    plans = [PlannedSkip([f({2}), f({2, 3}), f(), f({3})]), PlannedSkip([f({2}), f({3}), f({2}), f()]),
+             PlannedSkip([f({2}), f(), f({2, 3}), f({3})])]
+    logits, traces = score_planned(rm, ids, plans, chunk_size=4)
+    assert logits.shape == (3, 14, VOCAB)
+    for b, p in enumerate(plans):
+        alone, trace = score(rm, ids[b : b + 1], p, window=3, chunk_size=4)
+        assert [(t.start, t.length, t.skipped) for t in traces[b]] == [(t.start, t.length, t.skipped) for t in trace]
+        torch.testing.assert_close(logits[b : b + 1], alone, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(logits[0], logits[1], atol=1e-3)  # the plans made a difference
+    one_step, _ = score_planned(rm, ids, [PlannedSkip([f({3})])] * 3, chunk_size=14)  # one step: no cache
+    torch.testing.assert_close(one_step, score(rm, ids, StaticSkip({3}), window=3)[0], rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="2 plans for 3 sequences"):
+        score_planned(rm, ids, plans[:2], chunk_size=4)
 
 
 # Reads the signal of blocks 2 and 3 and never skips (alpha <= 1 < tau).

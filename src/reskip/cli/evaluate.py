@@ -11,7 +11,7 @@ from .common import adapter_flag, model_flags
 
 
 def eval_options(args) -> EvalOptions:
-    return EvalOptions(methods=parse_specs(args.methods, METHOD_KINDS), benchmarks=list(args.benchmarks or []),
+    return EvalOptions(methods=parse_specs(args.methods, METHOD_KINDS), benchmarks=[b for b in args.benchmarks or [] if b != "none"],
                        mc_methods=parse_specs(args.mc_methods, METHOD_KINDS), mc_limit=args.mc_limit,
                        sequences=args.sequences, seq_len=args.seq_len, chunk_size=args.chunk_size, window=args.window,
                        seed=args.seed, data=args.data, model=args.model, dtype=args.dtype,
@@ -39,7 +39,7 @@ def register(sub) -> None:
     adapter_flag(p)
     p.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS), help=METHOD_GRAMMAR)
     p.add_argument("--benchmarks", nargs="*", default=d.benchmarks,
-                   help="mmlu and/or bigbench:TASK (e.g. bigbench:social_iqa); none: skip multiple choice")
+                   help="mmlu and/or bigbench:TASK (e.g. bigbench:social_iqa); none (or nothing): skip multiple choice")
     p.add_argument("--mc-methods", nargs="+", default=list(DEFAULT_MC_METHODS))
     p.add_argument("--mc-limit", type=int, default=d.mc_limit, help="questions per benchmark (deterministic sample)")
     model_flags(p, dtype=True)

@@ -1,7 +1,9 @@
 """`reskip eval`: the backbone, the retrofit and skip policies side by side on the test split.
 
-Each test sequence is scored one sequence at a time (so every sequence makes its own skip
-decisions) in chunks of `chunk_size` tokens: a chunk is one step. Per method: perplexity and
+Each test sequence makes its own skip decisions, in chunks of `chunk_size` tokens: a chunk is one
+step. A policy that reads the routers' signal scores one sequence at a time; one whose decisions are
+fixed in advance (static, influence, random, a budget of whole blocks) scores a group of sequences in
+one batch, each row with its own plan. Per method: perplexity and
 its ratio to the backbone's, top-1 agreement with and KL to the backbone, blocks skipped per
 step (mean and distribution), the share of layer FLOPs executed, and the margin check
 (eps = max |logit change| from skipping relative to the retrofit without skipping,
@@ -24,7 +26,7 @@ from ..losses import ce_sum, kl_sum, teacher_targets
 from ..ar_retrofit.model import ReskipModel
 from ..skip.policies import NoSkip, SkipPolicy, plan
 from ..skip.policy_file import PolicyFile, make_policy
-from ..skip.scoring import score
+from ..skip.scoring import score, score_planned
 from ..skip.spec import METHOD_GRAMMAR, Spec, parse_spec
 from .flops import LayerFlops, executed_share, shortcut_flops
 
@@ -169,12 +171,14 @@ def _decisions(steps) -> tuple:
 
 @torch.no_grad()
 def evaluate_methods(model: ReskipModel, data: Packed, methods: list[Method], window: int, chunk_size: int,
-                     policy_file: PolicyFile | None = None, seed: int = 0, progress=None,
+                     policy_file: PolicyFile | None = None, seed: int = 0, progress=None, group: int = 4,
                      _seen: dict | None = None) -> dict[str, dict]:
-    """Every method on every sequence of `data`. A method that reads no signal has its decisions planned
-    first (`policies.plan`); a sequence already scored with exactly those decisions (by another method:
-    static:2 and a budget of two whole blocks, static and influence picking the same block) is not scored
-    again: the same decisions run the same computation, so its metrics are reused, bit for bit."""
+    """Every method on every sequence of `data`, `group` sequences at a time (their references held
+    together). A method that reads no signal has its decisions planned first (`policies.plan`) and the
+    group's sequences scored in one batch (`scoring.score_planned`); a sequence already scored with
+    exactly those decisions (by another method: static:2 and a budget of two whole blocks, static and
+    influence picking the same block) is not scored again: its metrics are reused. A method that reads
+    the routers' signal scores one sequence at a time, each making its own decisions."""
     flops = LayerFlops.of(model.base_model.config)
     side = model.side_channel
     per_shortcut = shortcut_flops(side.hidden_size, side.shortcut_rank)
@@ -188,39 +192,59 @@ def evaluate_methods(model: ReskipModel, data: Packed, methods: list[Method], wi
     def cost(skipped, lengths):
         return executed_share(model.blocks, skipped, lengths, flops, shortcut)
 
-    def run(method: Method, i: int, ids, ref: References) -> Tally:
-        T = ids.shape[1]
+    def run(method: Method, rows: list[int], refs: dict[int, References]) -> list[Tally]:
+        """The method's tally on each sequence of `rows`, in order; planned decisions are scored in one batch."""
+        T = data.input_ids.shape[1]
         if method.policy is None:  # the backbone: its logits are the reference, computed once
-            return _tally_of(ref.z_back, ref, [[]], [T], True, cost)
+            return [_tally_of(refs[i].z_back, refs[i], [[]], [T], True, cost) for i in rows]
         if isinstance(method.policy, NoSkip):  # one pass, nothing skipped
-            return _tally_of(ref.z_full, ref, [[]], [T], False, cost)
-        policy = method.policy
-        planned = plan(policy, model.n_blocks, 1 if chunk_size >= T else math.ceil(T / chunk_size))
-        if planned is not None:
-            key = (i, _decisions(planned.steps))
-            if key in seen:
-                return seen[key]
-            policy = planned
-        z, trace = score(model, ids, policy, window, chunk_size)
-        skipped = [t.skipped for t in trace]
-        one = _tally_of(z, ref, skipped, [t.length for t in trace], False, cost)
-        seen[(i, _decisions(skipped))] = one
-        return one
+            return [_tally_of(refs[i].z_full, refs[i], [[]], [T], False, cost) for i in rows]
+        n_steps = 1 if chunk_size >= T else math.ceil(T / chunk_size)
+        # Asked in sequence order, so a policy's state (a mix's counter, a random draw) advances as before.
+        plans = {i: plan(method.policy, model.n_blocks, n_steps) for i in rows}
+        if all(p is not None for p in plans.values()):
+            new = [i for i in rows if (i, _decisions(plans[i].steps)) not in seen]
+            if new:
+                z, traces = score_planned(model, data.input_ids[new], [plans[i] for i in new], chunk_size)
+                for b, i in enumerate(new):
+                    seen[(i, _decisions(plans[i].steps))] = _tally_of(
+                        z[b : b + 1], refs[i], [t.skipped for t in traces[b]], [t.length for t in traces[b]], False,
+                        cost)
+            return [seen[(i, _decisions(plans[i].steps))] for i in rows]
+        out = []
+        for i in rows:  # a policy reading the routers' signal decides as it goes: one sequence at a time
+            z, trace = score(model, data.input_ids[i : i + 1], method.policy, window, chunk_size)
+            skipped = [t.skipped for t in trace]
+            one = _tally_of(z, refs[i], skipped, [t.length for t in trace], False, cost)
+            seen[(i, _decisions(skipped))] = one
+            out.append(one)
+        return out
 
-    for i in range(len(data)):
-        ids, labels = data.input_ids[i : i + 1], data.labels[i : i + 1]
+    def references(rows: list[int]) -> dict[int, References]:
+        """The group's reference logits, each model in one batched pass over the group's sequences."""
+        ids = data.input_ids[rows]
         with model.side_channel_disabled():
-            z_back = model(input_ids=ids, use_cache=False).logits  # (1, T, V)
+            z_back = model(input_ids=ids, use_cache=False).logits  # (G, T, V)
         z_full = model(input_ids=ids, use_cache=False).logits
-        top2 = z_full.topk(2, dim=-1).values
-        ref = References(labels, z_back, teacher_targets(z_back), z_back.argmax(-1), z_full, z_full.argmax(-1),
-                         top2[..., 0] - top2[..., 1])
+        out = {}
+        for b, i in enumerate(rows):
+            zb, zf = z_back[b : b + 1], z_full[b : b + 1]
+            top2 = zf.topk(2, dim=-1).values
+            out[i] = References(data.labels[i : i + 1], zb, teacher_targets(zb), zb.argmax(-1), zf, zf.argmax(-1),
+                                top2[..., 0] - top2[..., 1])
+        return out
+
+    for g in range(0, len(data), group):
+        rows = list(range(g, min(len(data), g + group)))
+        refs = references(rows)
         for m in methods:
             t0 = time.perf_counter()
-            tallies[m.name].add(run(m, i, ids, ref))
+            for one in run(m, rows, refs):
+                tallies[m.name].add(one)
             tallies[m.name].seconds += time.perf_counter() - t0
+        del refs
         if progress is not None:
-            progress(i + 1, len(data))
+            progress(rows[-1] + 1, len(data))
     ppl_backbone = math.exp(tallies["backbone"].ce / tallies["backbone"].targets) if "backbone" in tallies else None
     results = {name: t.result(ppl_backbone, model.n_blocks) for name, t in tallies.items()}
     if expand and policy_file is not None:
@@ -231,7 +255,7 @@ def evaluate_methods(model: ReskipModel, data: Packed, methods: list[Method], wi
                           and m.name not in {e.name for e in extra}]
         if extra:
             more = evaluate_methods(model, data, [Method("backbone", None), *extra], window, chunk_size, None, seed,
-                                    _seen=seen)
+                                    group=group, _seen=seen)
             for m in extra:
                 # `more` holds its own backbone row over the same sequences, so its ratios already hold
                 results[m.name] = {**more[m.name], "matched": True}
