@@ -272,3 +272,48 @@ def test_block_input_with_a_bfloat16_backbone_adds_the_float32_correction():
     error = (x.float() - (hidden.float() + correction)).abs()
     assert (error <= 2**-7 * (hidden.float().abs() + correction.abs()) + 1e-6).all()
     assert not torch.equal(x, hidden)
+
+
+def test_rejected_designs_are_configurations_of_the_same_block():
+    """The variants of `reskip experiment variants` against their formulas, on one block's inputs:
+    observer leaves x_n = h_{n-1} (alpha still computed), interpolate is (1 - gamma) h_{n-1} + gamma r_n,
+    gamma_free is A_n(r_n - h_{n-1}) with neither gate nor curriculum; same draws as the recipe."""
+    torch.manual_seed(0)
+    d, n = 16, 3
+    h = [torch.randn(2, 5, d) * (i + 1) for i in range(n)]
+    sources = torch.stack(h, dim=-2)
+    blocks = {v: SideChannel(d, 4, RetrofitConfig(rank=4, up_init_std=0.3, variant=v)).block(n)
+              for v in ("recipe", "observer", "interpolate", "gamma_free")}
+    for b in blocks.values():
+        with torch.no_grad():
+            b.gate.fill_(0.7)
+    x_rec, alpha = blocks["recipe"](sources, h[-1], 0.5)
+    r = (alpha[..., None] * sources).sum(-2)
+    x_obs, a_obs = blocks["observer"](sources, h[-1], 0.5)
+    assert torch.equal(x_obs, h[-1]) and torch.equal(a_obs, alpha)
+    x_int, _ = blocks["interpolate"](sources, h[-1], 0.5)
+    torch.testing.assert_close(x_int, (1 - 0.35) * h[-1] + 0.35 * r)
+    assert torch.equal(blocks["interpolate"](sources, h[-1], 0.0)[0], h[-1])  # gamma = 0: the backbone's input
+    x_free, _ = blocks["gamma_free"](sources, h[-1], 0.0)  # c = 0 changes nothing: no curriculum
+    a = blocks["gamma_free"].adapter
+    torch.testing.assert_close(x_free, h[-1] + a.up(torch.nn.functional.silu(a.down(r - h[-1]))))
+    torch.testing.assert_close(x_rec, h[-1] + 0.35 * (x_free - h[-1]))  # the recipe is gamma times that
+    with pytest.raises(Exception, match="variant must be one of"):
+        RetrofitConfig(variant="direct")
+
+
+def test_observer_routing_trains_the_router_and_leaves_the_backbone():
+    """observer: the logits are the backbone's at c = 1 whatever the side-channel holds; the entropy term
+    still reaches the router, and the adapter gets no gradient (it is never used)."""
+    model = tiny_model()
+    ids, mask = batch()
+    with torch.no_grad():
+        ref = model(input_ids=ids, attention_mask=mask).logits
+    rm = retrofit(model, RetrofitConfig(block_size=2, rank=8, up_init_std=0.5, variant="observer"))
+    rm.set_curriculum(1.0)
+    out = rm(input_ids=ids, attention_mask=mask, output_alphas=True)
+    assert torch.equal(out.logits, ref)
+    (-alpha_entropy(out.alphas, mask)).backward()
+    blk = rm.side_channel.block(2)
+    assert blk.router.query.grad is not None and blk.router.query.grad.abs().sum() > 0
+    assert blk.adapter.up.weight.grad is None and blk.gate.grad is None

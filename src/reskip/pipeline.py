@@ -35,7 +35,7 @@ from .train.loop import check_against_backbone, train
 HELDOUT = ("kjv",)  # `reskip.data.heldout`: a source no stage trains or calibrates on
 MC_METHODS = ("backbone", "retrofit", "reskip:budget=1")
 STAGES = ("parity", "train", "calibrate", "eval", "diagnose", "report")
-RETROFIT_KEYS = ("block_size", "rank", "boundaries", "skip_path", "shortcut_rank")
+RETROFIT_KEYS = ("block_size", "rank", "boundaries", "skip_path", "shortcut_rank", "variant")
 
 PRESETS = {
     # Fits in well under 20 minutes on a 2-core CPU with the bundled model: a smoke run of the

@@ -68,6 +68,10 @@ class RunFolder:
         return self.root / "diagnostics.json"
 
     @property
+    def experiments_dir(self) -> Path:
+        return self.root / "experiments"  # NAME/results.json per experiment (`reskip experiment`)
+
+    @property
     def report_dir(self) -> Path:
         return self.root / "report"
 

@@ -14,6 +14,12 @@ ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"
 
 ACTIVATIONS = ("silu", "gelu", "relu")
 SKIP_PATHS = ("identity", "shortcut")
+# How the routed mix r_n enters block n (the first source document's recipe and its three rejected designs):
+#   recipe       x_n = h_{n-1} + gamma_n A_n(r_n - h_{n-1})
+#   observer     x_n = h_{n-1}: alpha is computed and trained but never changes the forward pass
+#   interpolate  x_n = (1 - gamma_n) h_{n-1} + gamma_n r_n: no adapter, the same gate and curriculum
+#   gamma_free   x_n = h_{n-1} + A_n(r_n - h_{n-1}) from step 0: no gate, no curriculum
+VARIANTS = ("recipe", "observer", "interpolate", "gamma_free")
 
 
 def default_rank(hidden_size: int) -> int:
@@ -46,6 +52,10 @@ class RetrofitConfig:
         never worth skipping). Trained in the skip branch; the skipped layers' K/V still come from
         the block's unchanged input x_n.
     shortcut_rank: None -> the adapter's rank.
+    variant: how r_n enters the block (`VARIANTS`): the recipe, or one of the designs the source document
+        rejects, each a configuration of the same modules (for `reskip experiment variants`). Only the
+        recipe and `observer` are the backbone exactly at c = 0; `interpolate` is at c = 0 too (gamma = 0);
+        `gamma_free` is not (it has no gate), which is the design's point.
     """
 
     block_size: int = 4
@@ -57,6 +67,7 @@ class RetrofitConfig:
     router_init_std: float = 0.02
     skip_path: str = "identity"
     shortcut_rank: int | None = None
+    variant: str = "recipe"
 
     def __post_init__(self) -> None:
         self.validate()
@@ -76,6 +87,8 @@ class RetrofitConfig:
                 )
         if self.skip_path not in SKIP_PATHS:
             raise RetrofitConfigError(f"skip_path must be one of {SKIP_PATHS}, got {self.skip_path!r}")
+        if self.variant not in VARIANTS:
+            raise RetrofitConfigError(f"variant must be one of {VARIANTS}, got {self.variant!r}")
         if self.shortcut_rank is not None and (not isinstance(self.shortcut_rank, int) or self.shortcut_rank <= 0):
             raise RetrofitConfigError(f"shortcut_rank must be a positive integer (or None: the adapter's rank), "
                                       f"got {self.shortcut_rank!r}")

@@ -8,6 +8,8 @@
 
 The block input becomes x_n = h_{n-1} + delta_n; at c = 0 it is h_{n-1} exactly.
 All side-channel parameters are kept in float32 whatever the backbone dtype.
+The rejected designs (`RetrofitConfig.variant`) change delta_n only: observer 0, interpolate
+gamma_n (r_n - h_{n-1}), gamma_free A_n(r_n - h_{n-1}).
 """
 
 from __future__ import annotations
@@ -133,8 +135,10 @@ class BlockTensors(NamedTuple):
     query_scaled: torch.Tensor  # w_n / sqrt(d), (1, d)
     bias_col: torch.Tensor  # w_n . b_i / sqrt(d), (n, 1)
     down: torch.Tensor  # W_down (r, d)
-    gated_up: torch.Tensor  # gamma_n W_up, (d, r): the gate folded into the up-projection
+    gated_up: torch.Tensor  # gamma_n W_up, (d, r): the gate folded into the up-projection (W_up for gamma_free)
     act: Callable[[torch.Tensor], torch.Tensor]
+    variant: str = "recipe"
+    gamma: torch.Tensor | None = None  # gamma_n = c(t) g_n, a scalar: only `interpolate` reads it
 
 
 def block_input(t: BlockTensors, sources: torch.Tensor, hidden: torch.Tensor):
@@ -147,11 +151,16 @@ def block_input(t: BlockTensors, sources: torch.Tensor, hidden: torch.Tensor):
     linear), whose code those layers keep warm (`benchmarks/speed.py` measures the result).
     """
     alpha = router_logits(t.query_scaled, t.bias_col, sources).softmax(dim=-2)  # (B, T, n, 1)
+    if t.variant == "observer":  # alpha is read (and trained by the loss's own terms), the stream is untouched
+        return hidden, alpha.squeeze(-1)
     # h_{n-1} in float32: in float32 `hidden` is the very tensor stacked last in `sources`;
     # otherwise that stacked entry is its exact float32 copy (no new cast).
     h = hidden if hidden.dtype == torch.float32 else sources[..., -1, :]
     u = (alpha * sources).sum(dim=-2) - h  # r_n - h_{n-1}, (B, T, d)
-    delta = F.linear(t.act(F.linear(u, t.down)), t.gated_up)  # gamma W_up sigma(W_down u), (B, T, d)
+    if t.variant == "interpolate":  # (1 - gamma) h + gamma r = h + gamma (r - h)
+        delta = t.gamma * u
+    else:
+        delta = F.linear(t.act(F.linear(u, t.down)), t.gated_up)  # gamma W_up sigma(W_down u), (B, T, d)
     x = hidden + (delta if hidden.dtype == torch.float32 else delta.to(hidden.dtype))
     return x, alpha.squeeze(-1)
 
@@ -162,6 +171,7 @@ class BlockSideChannel(nn.Module):
     def __init__(self, hidden_size: int, n_sources: int, rank: int, config: RetrofitConfig, generator):
         super().__init__()
         self.n_sources = n_sources
+        self.variant = config.variant
         self.router = DepthRouter(hidden_size, n_sources, config, generator)
         self.adapter = LowRankAdapter(hidden_size, rank, config, generator)
         self.gate = nn.Parameter(torch.ones(()))
@@ -183,7 +193,11 @@ class BlockSideChannel(nn.Module):
 
     def _compute_tensors(self, curriculum: float) -> BlockTensors:
         r, a = self.router, self.adapter
-        return BlockTensors(r.query_scaled(), r.bias_col(), a.down.weight, a.up.weight * (curriculum * self.gate), a.act)
+        gamma = curriculum * self.gate
+        if self.variant == "gamma_free":  # no gate and no curriculum: A_n acts from step 0
+            return BlockTensors(r.query_scaled(), r.bias_col(), a.down.weight, a.up.weight, a.act, self.variant)
+        return BlockTensors(r.query_scaled(), r.bias_col(), a.down.weight, a.up.weight * gamma, a.act, self.variant,
+                            gamma)
 
     def forward(self, sources: torch.Tensor, hidden: torch.Tensor, curriculum: float):
         """(x_n, alpha) for sources h_0..h_{n-1} (B, T, n, d) and h_{n-1} (B, T, d): see `block_input`."""

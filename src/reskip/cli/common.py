@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import ReskipError
-from ..ar_retrofit.config import RetrofitConfig
+from ..ar_retrofit.config import VARIANTS, RetrofitConfig
 from ..train.config import RECIPE_RETROFIT
 
 DTYPES = ("float32", "bfloat16")
@@ -38,6 +38,9 @@ def retrofit_flags(p: argparse.ArgumentParser) -> None:
                    help="a skipped block is x + S_n(x), a learned low-rank shortcut (default, the training "
                         "recipe's), or the identity (the seed's)")
     p.add_argument("--shortcut-rank", type=int, default=None, help="rank of S_n (default: the adapter's)")
+    p.add_argument("--variant", choices=VARIANTS, default=None,
+                   help="how the routed mix enters a block: the recipe (default) or one of the source document's "
+                        "rejected designs (observer, interpolate, gamma_free; see `reskip experiment variants`)")
 
 
 def adapter_flag(p: argparse.ArgumentParser) -> None:
@@ -56,7 +59,7 @@ def parse_boundaries(text: str | None) -> list[int] | None:
 def retrofit_values(args) -> dict:
     """The retrofit flags that were given, as RetrofitConfig keys."""
     values = {"block_size": args.block_size, "rank": args.rank, "boundaries": parse_boundaries(args.boundaries),
-              "skip_path": args.skip_path, "shortcut_rank": args.shortcut_rank}
+              "skip_path": args.skip_path, "shortcut_rank": args.shortcut_rank, "variant": args.variant}
     return {k: v for k, v in values.items() if v is not None}
 
 

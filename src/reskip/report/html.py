@@ -1,7 +1,7 @@
 """`reskip report RUN`: one self-contained HTML file (inline images and script, no network) + PNGs.
 
 Reads run files only (parity.json, train_log.jsonl, summary.json, policy.json,
-eval/results.json, diagnostics.json). A run with missing stages renders what exists and
+eval/results.json, diagnostics.json, experiments/*/results.json). A run with missing stages renders what exists and
 says what is missing. Every figure carries a caption: what it measures, and what it does
 not prove.
 """
@@ -16,6 +16,9 @@ from pathlib import Path
 from ..io_atomic import atomic_write, atomic_write_text
 from ..runs import RunFolder
 from ..train.log import read_log
+from .experiments import experiment_sections
+from .tables import html_table as _table
+from .tables import fmt as _fmt
 from .figures import (fig_dilution, fig_frontier, fig_importance, fig_memory, fig_routing, fig_signal_test,
                       fig_thresholds, fig_token_view, fig_training)
 
@@ -33,20 +36,6 @@ SCRIPT = """window.addEventListener('load',function(){var imgs=document.querySel
 imgs.forEach(function(i){if(i.complete&&i.naturalWidth>0){ok++}});
 document.body.setAttribute('data-figures',ok+'/'+imgs.length);
 document.body.setAttribute('data-status',ok===imgs.length?'rendered':'broken');});"""
-
-
-def _table(rows: list[dict], cols: list[str]) -> str:
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(r.get(c)))}</td>" for c in cols) + "</tr>" for r in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
-
-
-def _fmt(v) -> str:
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    if isinstance(v, list):
-        return ", ".join(_fmt(x) for x in v[:12]) + (" ..." if len(v) > 12 else "")
-    return "-" if v is None else str(v)
 
 
 def build_report(run_dir: Path, out: Path | None = None) -> Path:
@@ -166,6 +155,10 @@ def build_report(run_dir: Path, out: Path | None = None) -> Path:
         add_figure(fig_frontier(ev))
     else:
         missing.append("evaluation (reskip eval)")
+    for title, png, caption, body in experiment_sections(run.experiments_dir):
+        sections.append(body)
+        if png is not None:
+            add_figure((title, png, caption))
     notes = "".join(f"<li>{html.escape(m)}</li>" for m in missing)
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>reskip report: {html.escape(run_dir.name)}</title>"
             f"<style>{STYLE}</style></head><body><h1>reskip report: {html.escape(run_dir.name)}</h1>"

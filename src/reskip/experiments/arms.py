@@ -1,0 +1,135 @@
+"""One arm of an experiment: a training configuration, trained, calibrated and tested the same way as
+every other arm of that experiment (same data, seed and token budget; only the arm's own keys differ).
+
+An arm's folder is an ordinary run folder (config.yaml, train_log.jsonl, adapter/, policy.json) plus
+`arm.json`, its measurements; an experiment run again reuses the arms that finished and resumes the
+one that did not (training resumes exactly from its last checkpoint)."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..data.packing import pack
+from ..data.sources import load_splits
+from ..io_atomic import atomic_write_json
+from ..report.diagnostics import spearman
+from ..runs import RunFolder
+from ..skip.options import CalibrateOptions
+from ..skip.session import open_run
+from ..skip.signal_test import signal_test
+from ..skip.stage import calibrate_run
+from ..train.checkpoint import latest_checkpoint
+from ..train.config import TrainConfig
+from ..train.log import read_log, records
+from ..train.loop import train
+
+ARM_FILE = "arm.json"
+
+
+@dataclass
+class Arm:
+    """name: the arm's label in the tables; train: TrainConfig keys; retrofit: RetrofitConfig keys."""
+
+    name: str
+    train: dict = field(default_factory=dict)
+    retrofit: dict = field(default_factory=dict)
+    note: str = ""
+
+    def config(self, base: TrainConfig) -> TrainConfig:
+        values = {**base.to_dict(), **self.train}
+        values["retrofit"] = {**values["retrofit"], **self.retrofit}  # the base's resolved retrofit, then the arm's
+        return TrainConfig.from_dict(values)
+
+
+@dataclass
+class Measure:
+    """What each arm gets measured with: calibration and test sequences, the blocks of the signal test
+    (None: every block with a router that is not the last), and the budget frontier's budgets (empty: none)."""
+
+    calib_sequences: int
+    test_sequences: int
+    signal_blocks: list[int] | None = None
+    budgets: tuple[float, ...] = ()
+    chunk_size: int = 32
+
+
+def curve(log: list[dict]) -> list[dict]:
+    """Every validation of the run: step, c(t), perplexity of the retrofit and of the backbone, KL to it."""
+    return [{"step": r["step"], "c": r["c"], "ppl": r["ppl_full"], "ppl_backbone": r["ppl_backbone"],
+             "kl": r["kl_full"]} for r in records(log, "eval")]
+
+
+def run_arm(arm: Arm, base: TrainConfig, folder: Path, measure: Measure, show=print) -> dict:
+    """Train, calibrate and signal-test one arm (or read its finished measurements); returns them."""
+    folder = Path(folder)
+    done = folder / ARM_FILE
+    if done.is_file():
+        show(f"[{arm.name}] measured already: {done}")
+        return json.loads(done.read_text())
+    t0 = time.perf_counter()
+    cfg = arm.config(base)
+    show(f"[{arm.name}] training {cfg.steps} steps x {cfg.batch_size} x {cfg.seq_len} tokens")
+    train(cfg, folder, resume=latest_checkpoint(folder) is not None, show_progress=False)
+    t_train = time.perf_counter() - t0
+    show(f"[{arm.name}] calibrating on {measure.calib_sequences} sequences")
+    policy, _ = calibrate_run(folder, CalibrateOptions(sequences=measure.calib_sequences, budgets=measure.budgets,
+                                                       chunk_size=measure.chunk_size))
+    opened = open_run(folder)
+    model = opened.model
+    n_blocks = model.n_blocks
+    blocks = measure.signal_blocks or list(range(2, n_blocks))
+    splits, _ = load_splits(cfg.data)
+    test = pack(opened.tokenizer, splits["test"], cfg.seq_len, measure.test_sequences, seed=0)
+    show(f"[{arm.name}] signal test on blocks {blocks}, {len(test)} test sequences")
+    st = signal_test(model, test, blocks, policy.data["window"])
+    log = read_log(RunFolder(folder).train_log)
+    evals = curve(log)
+    last = records(log, "eval")[-1]
+    worst = max(evals, key=lambda e: e["ppl"])
+    result = {
+        "arm": arm.name, "note": arm.note, "train": arm.train, "retrofit": cfg.retrofit_config().to_dict(),
+        "params": sum(p.numel() for p in model.trainable_parameters()),
+        "n_blocks": n_blocks, "layers_per_block": [b.stop - b.start for b in model.blocks],
+        "budget": {"steps": cfg.steps, "batch_size": cfg.batch_size, "seq_len": cfg.seq_len,
+                   "tokens": cfg.steps * cfg.batch_size * cfg.seq_len},
+        "curve": evals,
+        "ppl_backbone": evals[0]["ppl_backbone"],
+        "worst_ppl": worst["ppl"], "worst_step": worst["step"],
+        "final_ppl": evals[-1]["ppl"], "final_kl": evals[-1]["kl"],
+        "blocks": {str(b["block"]): _block_row(b, last) for b in policy.data["blocks"]},
+        "spearman_I_vs_A": _spearman_I_A(policy.data["blocks"]),
+        "signal_test": st,
+        "frontier": (policy.data.get("budgets") or {}).get("frontier"),
+        "wall_s": {"train": t_train, "total": time.perf_counter() - t0},
+    }
+    atomic_write_json(done, result)
+    del model
+    return result
+
+
+def _block_row(b: dict, last_eval: dict) -> dict:
+    """A(n), I(n), the routing's entropy (share of log n) and its spread over tokens (w_recent's 5-95% range)."""
+    n = str(b["block"])
+    ent = last_eval.get("entropy", {}).get(n)
+    return {"layers": b["layers"], "A": b["A"], "I": b["I"],
+            "entropy_ratio": ent / math.log(b["block"]) if ent is not None and b["block"] > 1 else None,
+            "w_recent_range": b["signal"]["w_recent"]["range"] if "signal" in b else None,
+            "alpha_prev_std": b["signal"]["alpha_prev"]["std"] if "signal" in b else None}
+
+
+def _spearman_I_A(blocks: list[dict]) -> float | None:
+    """Rank correlation over blocks of routing importance I(n) and ablation cost A(n) (seed 1's pairing)."""
+    rows = [b for b in blocks if b["I"] is not None]
+    return spearman([b["I"] for b in rows], [b["A"] for b in rows])
+
+
+def beats_random(arm: dict, p: float | None = None) -> list[int]:
+    """Blocks where the signal test finds w_recent's positions cheaper to skip than random ones (at rate p:
+    the test's largest by default), outside the 95% bootstrap interval."""
+    st = arm["signal_test"]
+    p = max(st["rates"]) if p is None else p
+    return [r["block"] for r in st["blocks"] if r["p"] == p and r["verdict"] == "signal beats random"]

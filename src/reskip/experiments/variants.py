@@ -1,0 +1,81 @@
+"""`reskip experiment variants`: the recipe against the three designs the first source document says
+"do not work", each a `RetrofitConfig.variant` of the same modules, trained with the same loss, data,
+seed and budget. The document's predictions, confronted with what the arms measure:
+
+- direct interpolation (x_n = (1 - gamma) h_{n-1} + gamma r_n) degrades as gamma rises;
+- the gamma-free adapter (no gate, no curriculum) dents perplexity early;
+- observer-only routing (alpha trained, never used) ends up uncorrelated with block importance;
+- the recipe does neither: no damage on the way, and a routing signal that means something.
+
+Thresholds (a verdict needs a margin beyond the validation set's rounding, not a significance test:
+every arm is scored on the same fixed validation sequences): "degrades" is a worst perplexity 5% above
+the recipe's worst with perplexity rising with c(t); a "dent" is 2% above the recipe at the same step
+in the first half of training; "uncorrelated" is no block where the signal test finds w_recent better
+than random at choosing positions to skip."""
+
+from __future__ import annotations
+
+from ..report.diagnostics import spearman
+from .arms import Arm, beats_random
+from .record import claim
+
+DEGRADE = 1.05
+DENT = 1.02
+
+ARMS = [
+    Arm("recipe", note="x_n = h_{n-1} + gamma_n A_n(r_n - h_{n-1}), gamma_n = c(t) g_n"),
+    Arm("observer", retrofit={"variant": "observer"}, note="x_n = h_{n-1}; alpha trained by the loss's own terms"),
+    Arm("interpolate", retrofit={"variant": "interpolate"}, note="x_n = (1 - gamma_n) h_{n-1} + gamma_n r_n"),
+    Arm("gamma_free", retrofit={"variant": "gamma_free"}, note="x_n = h_{n-1} + A_n(r_n - h_{n-1}) from step 0"),
+]
+
+
+def _early(arm: dict) -> list[dict]:
+    last = arm["curve"][-1]["step"]
+    return [e for e in arm["curve"] if e["step"] <= last / 2]
+
+
+def claims(arms: dict) -> list[dict]:
+    rec, obs, itp, free = arms["recipe"], arms["observer"], arms["interpolate"], arms["gamma_free"]
+    out = []
+
+    cs, ps = [e["c"] for e in itp["curve"]], [e["ppl"] for e in itp["curve"]]
+    rho = spearman(cs, ps)
+    worse = itp["worst_ppl"] / rec["worst_ppl"]
+    out.append(claim(
+        "Direct interpolation toward r_n degrades the frozen blocks as gamma rises",
+        f"interpolate: val ppl {ps[0]:.3f} at c = {cs[0]:.2f}, worst {itp['worst_ppl']:.3f} at step {itp['worst_step']}, "
+        f"final {itp['final_ppl']:.3f} (backbone {itp['ppl_backbone']:.3f}); Spearman(c(t), ppl) = "
+        f"{'n/a' if rho is None else f'{rho:.2f}'}; its worst is {worse:.3f} x the recipe's worst ({rec['worst_ppl']:.3f})",
+        None if rho is None else bool(worse > DEGRADE and rho > 0)))
+
+    steps = {e["step"]: e["ppl"] for e in rec["curve"]}
+    dents = [(e["ppl"] / steps[e["step"]], e["step"]) for e in _early(free) if e["step"] in steps]
+    dent, at = max(dents) if dents else (None, None)
+    out.append(claim(
+        "The gamma-free adapter (no gate, no curriculum) dents perplexity early",
+        ("no shared early validation step" if dent is None else
+         f"gamma_free / recipe val ppl at the same step, first half of training: at most {dent:.3f} (step {at}); "
+         f"worst {free['worst_ppl']:.3f} at step {free['worst_step']} vs the recipe's {rec['worst_ppl']:.3f}; "
+         f"final {free['final_ppl']:.3f} vs {rec['final_ppl']:.3f}"),
+        None if dent is None else bool(dent > DENT)))
+
+    ob, rb = beats_random(obs), beats_random(rec)
+    p = max(obs["signal_test"]["rates"])
+    out.append(claim(
+        "Observer-only routing ends up uncorrelated with block importance",
+        f"signal test at p = {p}: w_recent beats random on blocks {ob or 'none'} for observer, {rb or 'none'} for the "
+        f"recipe; Spearman(I(n), A(n)) over blocks {_fmt(obs['spearman_I_vs_A'])} (observer) vs "
+        f"{_fmt(rec['spearman_I_vs_A'])} (recipe)",
+        not ob))
+
+    out.append(claim(
+        "The recipe bridges from the backbone without damage and gives a routing signal that means something",
+        f"recipe: worst val ppl {rec['worst_ppl']:.3f} at step {rec['worst_step']} (backbone {rec['ppl_backbone']:.3f}), "
+        f"final {rec['final_ppl']:.3f}; w_recent beats random on blocks {rb or 'none'}",
+        bool(rec["worst_ppl"] <= rec["ppl_backbone"] * (1 + 1e-6) and rb)))
+    return out
+
+
+def _fmt(x) -> str:
+    return "n/a" if x is None else f"{x:.2f}"

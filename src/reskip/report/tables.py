@@ -1,0 +1,19 @@
+"""HTML tables for the report: every cell escaped, floats to four significant digits."""
+
+from __future__ import annotations
+
+import html
+
+
+def html_table(rows: list[dict], cols: list[str]) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(fmt(r.get(c)))}</td>" for c in cols) + "</tr>" for r in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, list):
+        return ", ".join(fmt(x) for x in v[:12]) + (" ..." if len(v) > 12 else "")
+    return "-" if v is None else str(v)

@@ -1,0 +1,148 @@
+"""`reskip experiment`: each experiment end to end on a tiny random model (the real thing, in seconds),
+its files, its verdicts' logic, and the report's section."""
+
+import json
+
+import pytest
+
+from conftest import save_tiny, write_corpus
+from reskip.cli import main
+
+TINY = ["--steps", "4", "--batch-size", "4", "--seq-len", "16", "--eval-every", "2", "--calib-sequences", "4",
+        "--test-sequences", "4", "--block-size", "2", "--rank", "8", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("experiments")
+    model = save_tiny(tmp / "model", "llama")
+    corpus = write_corpus(tmp / "corpus", n_docs=300)
+    return tmp, model, corpus
+
+
+def _run(tiny, name, *extra):
+    tmp, model, corpus = tiny
+    out = tmp / "out"
+    assert main(["experiment", name, "--model", str(model), "--data", str(corpus), "--out", str(out), *TINY, *extra]) == 0
+    folder = out / "experiments" / name
+    return json.loads((folder / "results.json").read_text()), folder
+
+
+def test_variants_trains_every_arm_alike_and_states_each_claim(tiny):
+    r, folder = _run(tiny, "variants")
+    assert list(r["arms"]) == ["recipe", "observer", "interpolate", "gamma_free"]
+    curves = {n: a["curve"] for n, a in r["arms"].items()}
+    assert all([e["step"] for e in c] == [0, 2, 4] for c in curves.values())  # the whole curve, not its end
+    assert len({a["budget"]["tokens"] for a in r["arms"].values()}) == 1
+    assert {a["retrofit"]["variant"] for a in r["arms"].values()} == {"recipe", "observer", "interpolate", "gamma_free"}
+    # c = 0 at step 0: the recipe, observer and interpolate are the backbone there; gamma_free is not
+    for n in ("recipe", "observer", "interpolate"):
+        assert curves[n][0]["ppl"] == pytest.approx(curves[n][0]["ppl_backbone"], rel=1e-6), n
+    assert curves["gamma_free"][0]["ppl"] != curves["gamma_free"][0]["ppl_backbone"]
+    # observer never changes the forward pass: its retrofit is the backbone at every step
+    assert all(e["ppl"] == pytest.approx(e["ppl_backbone"], rel=1e-6) for e in curves["observer"])
+    assert len(r["claims"]) == 4 and all(c["verdict"] in ("held", "did not hold", "undecided") for c in r["claims"])
+    md = (folder / "results.md").read_text()
+    assert "| claim | what was measured | verdict |" in md and "gamma_free" in md
+    # run again: the finished arms are read back, not retrained
+    files = sorted((folder / "arms").glob("*/arm.json"))
+    assert len(files) == 4
+    before = [f.stat().st_mtime_ns for f in files]
+    again, _ = _run(tiny, "variants")
+    assert [f.stat().st_mtime_ns for f in files] == before
+    assert again["claims"] == r["claims"]
+
+
+def _two_part_corpus(folder):
+    """Two sources (files `alpha.txt`, `beta.txt`), each cut into many documents at blank lines; the parts
+    draw words from different halves of the vocabulary, so a single-part arm really trains on less."""
+    import random
+
+    from conftest import VOCAB
+
+    rng = random.Random(3)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, lo, hi in (("alpha", 2, VOCAB // 2), ("beta", VOCAB // 2, VOCAB - 1)):
+        paras = [" ".join(f"w{rng.randrange(lo, hi)}" for _ in range(rng.randrange(60, 100))) for _ in range(2500)]
+        (folder / f"{name}.txt").write_text("\n\n".join(paras))
+    return folder
+
+
+def test_mix_trains_each_part_alone_and_measures_on_the_whole_mix(tiny):
+    tmp, model, _ = tiny
+    corpus = _two_part_corpus(tmp / "parts")
+    out = tmp / "mixout"
+    assert main(["experiment", "mix", "--model", str(model), "--data", str(corpus), "--out", str(out), *TINY]) == 0
+    r = json.loads((out / "experiments" / "mix" / "results.json").read_text())
+    assert list(r["arms"]) == ["whole mix", "alpha only", "beta only"]
+    assert r["arms"]["alpha only"]["train"] == {"data_weights": {"alpha": 1.0}}
+    # one validation set for every arm: the backbone's perplexity on it is the same number
+    assert len({a["ppl_backbone"] for a in r["arms"].values()}) == 1
+    assert len(r["claims"]) == 2 and "Entropy share per block" in (out / "experiments" / "mix" / "results.md").read_text()
+    # the narrow arms did train on different sequences: their routing differs from the whole mix's
+    assert r["arms"]["alpha only"]["final_ppl"] != r["arms"]["whole mix"]["final_ppl"]
+
+
+def test_mix_needs_a_mix(tiny, capsys):
+    tmp, model, _ = tiny
+    one = tmp / "one"
+    one.mkdir()
+    (one / "only.txt").write_text("\n\n".join("w5 w6 w7 " * 30 for _ in range(200)))
+    assert main(["experiment", "mix", "--model", str(model), "--data", str(one), "--out", str(tmp / "o1"), *TINY]) == 2
+    assert "needs a mix of sources" in capsys.readouterr().err
+    assert not (tmp / "o1").exists()
+
+
+def test_block_size_measures_each_size_at_the_same_layers_skipped(tiny):
+    tmp, model, corpus = tiny
+    out = tmp / "bsout"
+    assert main(["experiment", "block-size", "--model", str(model), "--data", str(corpus), "--out", str(out), *TINY,
+                 "--boundaries", "1,4"]) == 0
+    r = json.loads((out / "experiments" / "block-size" / "results.json").read_text())
+    # the tiny model has 6 layers: sizes that leave no middle block are left out, with the reason
+    assert list(r["arms"]) == ["2 layers", "boundaries 1,4"]
+    assert set(r["left_out"]) == {"3 layers", "4 layers", "6 layers"} and "no middle block" in r["left_out"]["3 layers"]
+    blocks = {n: a["layers_per_block"] for n, a in r["arms"].items()}
+    assert blocks["2 layers"] == [2, 2, 2] and blocks["boundaries 1,4"] == [1, 3, 2]
+    # the frontier is calibrated in blocks chosen to skip the same layers: 2 layers is 1 block of 2, 2/3 of 3
+    frontier = r["arms"]["2 layers"]["frontier"]
+    assert frontier and frontier[0]["budget"] == 1.0
+    assert len(r["claims"]) == 1  # no 4-layer arm: only "every size works" can be stated
+
+
+def test_placement_answers_the_incident_with_a_measured_probe(tiny):
+    tmp, model, corpus = tiny
+    out = tmp / "plout"
+    # 16 tokens x d 32 x 2 bytes = 1 KiB a state: a 3 KiB budget keeps 3 of the 7 states
+    assert main(["experiment", "placement", "--model", str(model), "--data", str(corpus), "--out", str(out),
+                 "--seq-len", "16", "--context", "16", "--budget-bytes", "3072", "--calib-sequences", "40",
+                 "--test-sequences", "8", "--quiet"]) == 0
+    r = json.loads((out / "experiments" / "placement" / "results.json").read_text())
+    assert r["this_model"]["feasible_states"] == 3 and r["seed_instance"]["feasible_states"] == 8
+    s = r["settings"]["the budget at context 16"]
+    assert s["placements"]["uniform"]["kept"] == [0, 2, 4]
+    assert set(r["settings"]) == {"the budget at context 16", "the seed instance's share of depth",
+                                  "half the seed instance's share"}
+    probe = s["placements"]["uniform"]["probe"]
+    assert len(probe) == 4 and all(-10 < p["r2_fit"] <= 1 for p in probe)
+    # the fit from the bracketing states can only help over copying the one below, on the fitting tokens; on
+    # test tokens it should too for a smooth residual stream, and this tiny one is
+    assert s["placements"]["uniform"]["mean_r2_fit"] > s["placements"]["uniform"]["mean_r2_copy"]
+    # the document's own answers for its instance: 8 states every 6 absorb the incident; 4 every 12 leave 6 layers
+    assert [c["verdict"] for c in r["claims"][:2]] == ["held", "held"]
+    assert r["seed_instance"]["placements"]["uniform"]["kept"] == [0, 6, 12, 18, 24, 30, 36, 42]
+
+
+def test_report_shows_every_experiment_of_the_folder(tiny):
+    """`reskip report OUT` on a folder holding only experiments: a section per experiment with its verdicts
+    and a figure of the arms' curves (the earlier tests of this module wrote variants and placement)."""
+    tmp, model, corpus = tiny
+    out = tmp / "out"
+    if not (out / "experiments" / "variants" / "results.json").is_file():
+        _run(tiny, "variants")
+    assert main(["report", str(out)]) == 0
+    page = (out / "report" / "report.html").read_text()
+    assert "Experiment: variants (preset quick)" in page
+    assert "<td>held</td>" in page or "<td>did not hold</td>" in page
+    assert "gamma_free" in page and "data:image/png;base64" in page
+    assert (out / "report" / "experiment_variants_curves.png").is_file()
