@@ -38,3 +38,18 @@ def test_missing_model_is_a_clear_error(capsys):
 def test_bad_rank_is_refused(capsys):
     assert main(["params", "--backbone", "Qwen3-4B", "--rank", "0"]) == 2
     assert "rank" in capsys.readouterr().err
+
+
+def test_run_flags_become_the_pipeline_s_overrides():
+    """`reskip run --recompute` (the standard run under 4 GB, E22) and the other training flags reach the train
+    stage through PipelineConfig's overrides; flags not given leave the preset's values."""
+    from reskip.cli import build_parser
+    from reskip.cli.run import run_overrides
+    from reskip.pipeline import PipelineConfig
+
+    parse = build_parser().parse_args
+    assert run_overrides(parse(["run"])) == {}
+    over = run_overrides(parse(["run", "--recompute", "--steps", "7", "--variant", "observer"]))
+    assert over == {"recompute": True, "steps": 7, "variant": "observer"}
+    cfg = PipelineConfig(preset="quick", overrides=over).train_config()
+    assert cfg.recompute and cfg.steps == 7 and cfg.batch_size == 4 and cfg.retrofit["variant"] == "observer"

@@ -146,3 +146,12 @@ def test_report_shows_every_experiment_of_the_folder(tiny):
     assert "<td>held</td>" in page or "<td>did not hold</td>" in page
     assert "gamma_free" in page and "data:image/png;base64" in page
     assert (out / "report" / "experiment_variants_curves.png").is_file()
+
+
+def test_arms_get_ten_validations_unless_told():
+    from reskip.experiments.options import ExperimentOptions
+    from reskip.experiments.stage import _base
+
+    assert _base(ExperimentOptions(preset="quick"), check=False).eval_every == 3  # 30 steps
+    assert _base(ExperimentOptions(preset="standard"), check=False).eval_every == 10  # 100 steps
+    assert _base(ExperimentOptions(overrides={"eval_every": 7}), check=False).eval_every == 7

@@ -35,7 +35,7 @@ def register(sub) -> None:
     p = sub.add_parser("experiment", help="rerun a source document's claim on your backbone: variants, block-size, "
                                           "mix, placement (results.json + results.md with verdicts)")
     p.add_argument("name", choices=EXPERIMENTS)
-    p.add_argument("--preset", choices=["quick", "standard"], default="quick",
+    p.add_argument("--preset", choices=["quick", "medium", "standard"], default="quick",
                    help="the training budget of every arm (the pipeline's presets; default quick)")
     p.add_argument("--model", default=None, help="backbone; default: bundled SmolLM2-135M-Instruct")
     p.add_argument("--data", nargs="+", default=None, help="data specs (default: the bundled mix)")

@@ -29,6 +29,9 @@ from .options import SEED_BUDGET_BYTES, ExperimentOptions
 from .record import claim
 
 RIDGE = 1e-4  # times the mean diagonal of X^T X: keeps the solve stable where kept states are near-collinear
+# How much more mean R^2 front-loading must reach to count as helping: one fit on one test set, so a
+# difference in the third decimal is not one placement beating another.
+R2_MARGIN = 0.01
 
 
 def feasible_states(budget_bytes: int, context: int, hidden_size: int, dtype_bytes: int) -> int:
@@ -219,12 +222,13 @@ def claims(r: dict) -> list[dict]:
             return "kept" if inc["kept"] else f"R^2 {inc['r2_fit']:.3f} from x_{inc['from']} (copy {inc['r2_copy']:.3f})"
         out.append(claim(
             f"{r['model']}, {label} (k = {s['k']}): keeping states denser at the start does not help "
-            "(the document's misconception)",
+            f"(the document's misconception; helping = {R2_MARGIN} more mean R^2)",
             ("every state is kept: nothing to reconstruct" if u["mean_r2_fit"] is None else
-             f"mean R^2 of the dropped states from their bracketing kept states: uniform {u['mean_r2_fit']:.3f}, "
-             f"front-loaded {f['mean_r2_fit']:.3f}; incident (x_{inc_u['needed']} for a router at layer "
-             f"{inc_u['requester']}): uniform {said(inc_u)}, front-loaded {said(inc_f)}"),
-            None if u["mean_r2_fit"] is None else bool(f["mean_r2_fit"] <= u["mean_r2_fit"])))
+             f"R^2 of the dropped states from their bracketing kept states, mean (worst): uniform "
+             f"{u['mean_r2_fit']:.3f} ({u['min_r2_fit']:.3f}), front-loaded {f['mean_r2_fit']:.3f} ({f['min_r2_fit']:.3f}); "
+             f"incident (x_{inc_u['needed']} for a router at layer {inc_u['requester']}): uniform {said(inc_u)}, "
+             f"front-loaded {said(inc_f)}"),
+            None if u["mean_r2_fit"] is None else bool(f["mean_r2_fit"] <= u["mean_r2_fit"] + R2_MARGIN)))
     return out
 
 

@@ -13,6 +13,7 @@ from ..ar_retrofit.blocks import partition_layers
 from ..errors import ReskipError, check_range
 from ..pipeline import PRESETS, PipelineConfig
 from ..runs import RunFolder
+from ..train.config import TrainConfig
 from ..train.loop import check_against_backbone
 from . import block_size, mix, placement, variants
 from .arms import Measure, run_arm
@@ -50,7 +51,11 @@ def run_experiment(options: ExperimentOptions, show=print) -> Path:
 def _base(options: ExperimentOptions, check: bool = True):
     """The preset's training config with the options' overrides; checked against the backbone unless the
     experiment trains nothing (placement reads the backbone only)."""
-    pc = PipelineConfig(options.preset, options.model, list(options.data), {**options.overrides, "seed": options.seed})
+    overrides = {**options.overrides, "seed": options.seed}
+    if "eval_every" not in overrides:  # ten validations per arm: the curve shows the damage on the way
+        steps = overrides.get("steps", PRESETS[options.preset]["train"].get("steps", TrainConfig.steps))
+        overrides["eval_every"] = max(1, steps // 10)
+    pc = PipelineConfig(options.preset, options.model, list(options.data), overrides)
     if check:
         pc.check()
     return pc.train_config()
