@@ -27,7 +27,7 @@ def trained_adapter(tmp_path, family="llama"):
 
 def test_round_trip_gives_identical_logits(tmp_path, family):
     path, logits = trained_adapter(tmp_path, family)
-    assert sorted(os.listdir(path)) == [CONFIG_NAME, WEIGHTS_NAME]  # no temp files left behind
+    assert sorted(os.listdir(path)) == ["README.md", CONFIG_NAME, WEIGHTS_NAME]  # no temp files left behind
     cfg = json.loads((path / CONFIG_NAME).read_text())
     assert cfg["backbone"]["family"] == tiny_model(family).config.model_type
     assert cfg["rank"] == 8 and cfg["retrofit"]["block_size"] == 2
@@ -35,6 +35,18 @@ def test_round_trip_gives_identical_logits(tmp_path, family):
     ids, mask = batch()
     with torch.no_grad():
         assert torch.equal(rm(input_ids=ids, attention_mask=mask).logits, logits)
+
+
+def test_every_saved_adapter_has_a_model_card(tmp_path):
+    """A bare ReskipModel.save_adapter writes README.md too: backbone and fingerprint, blocks, rank, the
+    parameter count of the weights file, and how to load it (no training section without training metadata)."""
+    path, _ = trained_adapter(tmp_path)
+    card = (path / "README.md").read_text()
+    cfg = json.loads((path / CONFIG_NAME).read_text())
+    n = sum(p.numel() for p in retrofit(tiny_model(), RetrofitConfig(block_size=2, rank=8)).side_channel.parameters())
+    assert card.startswith("---\nlibrary_name: reskip") and cfg["backbone"]["weights_digest"] in card
+    assert f"{n:,} parameters" in card and "rank 8" in card and "load_adapter" in card
+    assert "## Training" not in card and "## Calibrated" not in card
 
 
 def test_weights_file_holds_side_channel_only(tmp_path):
@@ -114,7 +126,7 @@ def test_failed_save_leaves_previous_files_intact(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError):
         rm.save_adapter(path)
     assert (path / WEIGHTS_NAME).read_bytes() == before
-    assert sorted(os.listdir(path)) == [CONFIG_NAME, WEIGHTS_NAME]
+    assert sorted(os.listdir(path)) == ["README.md", CONFIG_NAME, WEIGHTS_NAME]
 
 
 def test_blocks_are_written_as_inclusive_layer_ranges(tmp_path):

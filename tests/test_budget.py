@@ -206,12 +206,16 @@ def tiny_run(tmp_path_factory):
 
 def test_cli_budgets_eval_heldout_and_generate(tiny_run, capsys):
     run, held = tiny_run
+    card = (run / "adapter" / "README.md").read_text()  # the model card training wrote: no frontier yet
+    assert "library_name: reskip" in card and "## Measured (validation split)" in card and "Calibrated" not in card
     assert main(["calibrate", "--adapter", str(run), "--sequences", "4", "--delta", "100", "--budgets", "0.5,1",
                  "--chunk-size", "4"]) == 0
     out = capsys.readouterr().out
     assert "budget frontier" in out
     policy = json.loads((run / "policy.json").read_text())
     assert [p["budget"] for p in policy["budgets"]["frontier"]] == [0.5, 1.0]
+    card = (run / "adapter" / "README.md").read_text()  # calibration added its frontier to the card
+    assert "## Calibrated skip policy" in card and "| 0.5 |" in card and "## Measured" in card
     assert main(["eval", "--adapter", str(run), "--sequences", "3", "--chunk-size", "4", "--quiet", "--benchmarks",
                  "--methods", "backbone", "retrofit", "budgets", "matched", "--heldout", str(held)]) == 0
     res = json.loads((run / "eval" / "results.json").read_text())

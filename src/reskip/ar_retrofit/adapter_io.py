@@ -26,6 +26,7 @@ from .blocks import inclusive_ranges
 from .config import ADAPTER_CONFIG_NAME as CONFIG_NAME
 from .config import ADAPTER_WEIGHTS_NAME as WEIGHTS_NAME
 from .config import RetrofitConfig
+from .model_card import write_card
 
 # 2: "blocks" as inclusive [first, last] layer pairs, like every other file reskip writes.
 # 1: "blocks" as [start, stop) pairs; still read (the weights and every other field are the same).
@@ -92,6 +93,7 @@ def save_adapter(model, path, metadata: dict | None = None) -> Path:
     }
     atomic_write(path / WEIGHTS_NAME, lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
     atomic_write_text(path / CONFIG_NAME, json.dumps(config, indent=2))
+    write_card(path, config, sum(v.numel() for v in state.values()))
     return path
 
 

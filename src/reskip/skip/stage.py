@@ -9,6 +9,8 @@ import torch
 
 from ..data.packing import pack
 from ..data.sources import load_splits
+from ..ar_retrofit.adapter_io import read_adapter_config
+from ..ar_retrofit.model_card import write_card
 from ..errors import ReskipError, check_range
 from .budget import calibrate_budgets
 from .calibration import calibrate
@@ -55,6 +57,9 @@ def calibrate_run(run, options: CalibrateOptions = CalibrateOptions()) -> tuple[
                   "with a router", file=sys.stderr)
     out = Path(options.out) if options.out else source.policy_path
     policy.save(out)
+    if out == source.policy_path:  # the run's own policy: its adapter's model card gains the frontier
+        params = sum(p.numel() for p in opened.model.side_channel.parameters())
+        write_card(source.adapter_dir, read_adapter_config(source.adapter_dir), params, policy.data)
     for n in input_independent_eligible(policy):
         print(f"warning: block {n} is eligible but its signal is input-independent "
               f"({policy.blocks[n]['signal']['status']}); ReSkip will skip it as if at random", file=sys.stderr)

@@ -15,7 +15,7 @@ import torch
 from accelerate import Accelerator
 from tqdm.auto import tqdm
 
-from ..backbones.loading import load_backbone, load_config
+from ..backbones.loading import DEFAULT_BACKBONE, load_backbone, load_config
 from ..data.packing import Packed, pack
 from ..data.sources import load_splits
 from ..errors import ReskipError
@@ -192,8 +192,14 @@ def train(
     summary = {}
     if main:
         model.set_curriculum(1.0 if cfg.steps else 0.0)
-        model.save_adapter(files.adapter, metadata={"steps": cfg.steps, "tokens_seen": tokens_seen})
         summary = summarize(log_path, wall_s=time.time() - t0)
+        # What the adapter's model card tells (`ar_retrofit.model_card`), kept with it in adapter_config.json.
+        card = {"model": cfg.model or DEFAULT_BACKBONE,
+                "training": {"data": list(cfg.data), "data_weights": cfg.data_weights, "steps": cfg.steps,
+                             "batch_size": cfg.batch_size, "seq_len": cfg.seq_len, "lr": cfg.lr},
+                "measured": {"ppl_backbone": summary["ppl_backbone"], "ppl_start": summary["ppl_full"]["start"],
+                             "ppl_end": summary["ppl_full"]["end"], "kl_end": summary["kl_full"]["end"]}}
+        model.save_adapter(files.adapter, metadata={"steps": cfg.steps, "tokens_seen": tokens_seen, **card})
         atomic_write_json(files.summary, summary)
     accelerator.wait_for_everyone()
     return summary
