@@ -263,3 +263,28 @@ def test_token_level_skip_branch_matches_the_reference_and_resumes(tiny_run, tmp
     out = tmp_path / "run"
     train(tiny_run(skip_fraction=0.5), out, show_progress=False)
     assert (out / "adapter").is_dir()
+
+
+def test_report_to_tensorboard_logs_every_scalar_of_the_log(tiny_run, tmp_path):
+    """`report_to: tensorboard`: accelerate's tracker writes event files under RUN/tensorboard holding every
+    loss term, c(t), lr and the validation figures per block, at the log's steps (read back with
+    TensorBoard's own reader); train_log.jsonl is written as without it."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "tb"
+    train(tiny_run(report_to="tensorboard"), out, show_progress=False)
+    events = list((out / "tensorboard").rglob("events.out.tfevents.*"))
+    assert events
+    acc = EventAccumulator(str(events[0].parent))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    for tag in ("train/loss", "train/ce", "train/kl", "train/entropy", "train/c", "train/lr", "val/ppl_full",
+                "val/ppl_backbone", "val/kl_full", "val/entropy/2", "val/entropy/3", "val/alpha_prev_std/3",
+                "val/skip_kl/2"):
+        assert tag in tags, tag
+    assert [e.step for e in acc.Scalars("val/ppl_full")] == [0, 2, 4]
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    last_val = [r for r in log if r["kind"] == "eval"][-1]
+    assert acc.Scalars("val/ppl_full")[-1].value == pytest.approx(last_val["ppl_full"], rel=1e-6)
+    with pytest.raises(ReskipError, match="report_to must be one of"):
+        tiny_run(report_to="wandb").validate()

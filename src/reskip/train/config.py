@@ -17,6 +17,7 @@ REAL_FIELDS = ("lr", "router_lr_mult", "source_bias_lr_mult", "weight_decay", "w
 # The training recipe's retrofit, where it differs from RetrofitConfig's (the seed's, which a bare
 # `retrofit(model)` keeps): a skipped block goes through a learned shortcut (docs/experiments.md, E15).
 RECIPE_RETROFIT = {"skip_path": "shortcut"}
+REPORT_TO = (None, "tensorboard")
 INT_FIELDS = ("seq_len", "steps", "batch_size", "grad_accum", "eval_every", "eval_sequences", "save_every",
               "log_every", "seed", "skip_max_blocks")
 
@@ -72,6 +73,9 @@ class TrainConfig:
     # issue 18 (E19): the step's peak 6.02 -> 4.25 GiB above the model at 8 x 256 on the bundled model, no slower.
     loss_chunk: int | None = 64
     recompute: bool = False  # activation checkpointing of the frozen layers (less memory, one more forward)
+    # None, or "tensorboard": every logged record also goes to accelerate's tracker (RUN/tensorboard/);
+    # train_log.jsonl stays the source of truth
+    report_to: str | None = None
     eval_every: int = 25
     eval_sequences: int = 16
     save_every: int = 25
@@ -104,6 +108,7 @@ class TrainConfig:
             need(isinstance(v, int) and not isinstance(v, bool), f"{name} must be an integer, got {v!r}")
         need(isinstance(self.trust_remote_code, bool), f"trust_remote_code must be true or false, got {self.trust_remote_code!r}")
         need(isinstance(self.recompute, bool), f"recompute must be true or false, got {self.recompute!r}")
+        need(self.report_to in REPORT_TO, f"report_to must be one of {REPORT_TO} (null: none), got {self.report_to!r}")
         need(self.model is None or isinstance(self.model, str), f"model must be a name or path, got {self.model!r}")
         need(isinstance(self.data, list) and all(isinstance(d, str) for d in self.data),
              f"data must be a list of data specs, got {self.data!r}")

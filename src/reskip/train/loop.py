@@ -28,6 +28,7 @@ from .config import TrainConfig
 from .log import append_record, summarize, truncate_after
 from .objective import RetrofitObjective
 from .schedules import curriculum, drawn_blocks, learning_rate, skipped_positions
+from .trackers import TRACKER_RUN, hyperparameters, scalars
 from .validation import evaluate
 
 
@@ -75,7 +76,8 @@ def train(
 ) -> dict:
     """Train into `run_dir` (config.yaml, splits.json, train_log.jsonl, checkpoints/, adapter/, summary.json)."""
     # cpu=True when there is no GPU: under torchrun this gives gloo data-parallel on CPU processes.
-    accelerator = Accelerator(gradient_accumulation_steps=cfg.grad_accum, cpu=not torch.cuda.is_available())
+    accelerator = Accelerator(gradient_accumulation_steps=cfg.grad_accum, cpu=not torch.cuda.is_available(),
+                              log_with=cfg.report_to, project_dir=run_dir if cfg.report_to else None)
     world, rank = accelerator.num_processes, accelerator.process_index
     cfg.validate(world_size=world)
     run_dir = Path(run_dir)
@@ -112,9 +114,14 @@ def train(
         elif log_path.exists():
             log_path.unlink()
 
+    if cfg.report_to:
+        accelerator.init_trackers(TRACKER_RUN, config=hyperparameters(cfg.to_dict()))
+
     def log(rec):
         if main:
             append_record(log_path, rec)
+            if cfg.report_to:
+                accelerator.log(scalars(rec), step=rec["step"])
 
     def run_eval(step):
         if main:
@@ -201,5 +208,7 @@ def train(
                              "ppl_end": summary["ppl_full"]["end"], "kl_end": summary["kl_full"]["end"]}}
         model.save_adapter(files.adapter, metadata={"steps": cfg.steps, "tokens_seen": tokens_seen, **card})
         atomic_write_json(files.summary, summary)
+    if cfg.report_to:
+        accelerator.end_training()
     accelerator.wait_for_everyone()
     return summary
