@@ -25,7 +25,7 @@ STAGES = {
     "reskip.skip": 5,
     "reskip.evaluate": 6,
     "reskip.report": 7,
-    "reskip.pipeline": 8, "reskip.experiments": 8,
+    "reskip.pipeline": 8, "reskip.experiments": 8, "reskip.lab": 8,
     "reskip.cli": 9,
     "reskip": 10,  # the package root re-exports public names (lazily)
 }

@@ -29,6 +29,8 @@ BAD = [
     (["run-parity"], "--out"),
     (["train", "--lr", "nan", "--out", "{tmp}/t"], "lr must be a finite number"),
     (["experiment", "frobnicate"], "invalid choice"),
+    (["lab", MISSING], "neither a run folder"),
+    (["lab", "{tmp}/x", "--port", "0"], "port"),
     (["experiment", "variants", "--model", MISSING, "--out", "{tmp}/e"], "cannot find model"),
     (["experiment", "placement", "--budget-bytes", "0", "--out", "{tmp}/e"], "budget-bytes"),
     (["experiment", "variants", "--model", "{model}", "--steps", "0", "--out", "{tmp}/e"], "steps"),

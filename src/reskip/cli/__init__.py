@@ -8,10 +8,10 @@ from __future__ import annotations
 import sys
 
 from ..errors import ReskipError
-from . import backbone, evaluate, experiment, report, run, skip, train
+from . import backbone, evaluate, experiment, lab, report, run, skip, train
 from .common import Parser
 
-COMMAND_GROUPS = (backbone, train, skip, evaluate, report, run, experiment)
+COMMAND_GROUPS = (backbone, train, skip, evaluate, report, run, experiment, lab)
 
 
 def build_parser() -> Parser:

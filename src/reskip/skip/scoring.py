@@ -18,9 +18,10 @@ from .runtime import StepTrace
 
 @torch.no_grad()
 def score(model: ReskipModel, input_ids, policy: SkipPolicy, window: int, chunk_size: int | None = None,
-          attention_mask=None) -> tuple[torch.Tensor, list[StepTrace]]:
-    """Logits (B, T, V) under `policy`: one step for the whole text, or one step per chunk (with a cache)."""
-    with model.skipping(policy, window) as runtime:
+          attention_mask=None, track_all: bool = False) -> tuple[torch.Tensor, list[StepTrace]]:
+    """Logits (B, T, V) under `policy`: one step for the whole text, or one step per chunk (with a cache).
+    track_all: every block's w_recent in the trace, not only the ones the policy reads."""
+    with model.skipping(policy, window, track_all) as runtime:
         if chunk_size is None or chunk_size >= input_ids.shape[1]:
             logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
         else:

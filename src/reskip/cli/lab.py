@@ -1,0 +1,23 @@
+"""`reskip lab RUN`: the causal lab in a browser, on the loopback interface. The library import happens
+inside the handler (`lazy:`), so `reskip --help` loads no torch."""
+
+from __future__ import annotations
+
+from ..errors import check_range
+
+
+def cmd_lab(args) -> int:
+    from ..lab.app import serve  # lazy: torch, starlette
+    from ..lab.session import LabSession
+
+    check_range("port", args.port, 1, 65535)
+    serve(LabSession(args.run, model=args.model), args.port)
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("lab", help="the causal lab: predict, change one variable, run, explain the delta (a local web page)")
+    p.add_argument("run", help="a trained and calibrated run folder (e.g. the output of scripts/run.sh)")
+    p.add_argument("--port", type=int, default=7860, help="port on 127.0.0.1 (default 7860)")
+    p.add_argument("--model", default=None, help="backbone; default: the run's")
+    p.set_defaults(func=cmd_lab)

@@ -1,0 +1,74 @@
+"""The lab's web app: a Starlette app serving one static page and a two-call JSON API, on the loopback
+interface only. Starlette rather than Gradio: the page is one HTML file and a script with no build step,
+no CDN and no analytics, and the app is two routes; Gradio would bring a front-end bundle and its own
+network calls for a page this small.
+
+    GET  /            the page          GET /api/state   baseline, variables, history
+    POST /api/run     {text, change: {variable, value, block}, prediction: {direction, amount_percent}}
+
+A request the lab refuses (no prediction, two variables, a value out of range, a text too long, another run
+in progress) is answered {"error": sentence} with status 200: it is the lab's answer, shown in the page,
+and the browser logs nothing for it. A request that is not the page's (not JSON, an oversized body) gets
+400 / 413. A run happens in a worker thread, so the server keeps answering meanwhile."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Route
+
+from .session import LabSession
+from .variables import LabError
+
+MAX_BODY = 64 * 1024  # bytes: a text of MAX_TOKENS tokens is far smaller
+HOST = "127.0.0.1"
+
+
+def _static(name: str) -> str:
+    return resources.files(__package__).joinpath("static", name).read_text(encoding="utf-8")
+
+
+def build_app(session: LabSession) -> Starlette:
+    async def page(request: Request) -> Response:
+        return HTMLResponse(_static("index.html"))
+
+    async def script(request: Request) -> Response:
+        return Response(_static("lab.js"), media_type="text/javascript")
+
+    async def state(request: Request) -> Response:
+        return JSONResponse(session.state())
+
+    async def run(request: Request) -> Response:
+        body = await request.body()
+        if len(body) > MAX_BODY:
+            return JSONResponse({"error": f"the request is {len(body):,} bytes; at most {MAX_BODY:,}"}, status_code=413)
+        try:
+            data = json.loads(body or b"{}")
+        except json.JSONDecodeError:
+            return JSONResponse({"error": "the request is not JSON"}, status_code=400)
+        if not isinstance(data, dict):
+            return JSONResponse({"error": "the request must be a JSON object"}, status_code=400)
+        try:
+            result = await run_in_threadpool(session.run, data.get("text"), data.get("change"), data.get("prediction"))
+        except LabError as e:
+            return JSONResponse({"error": str(e)})
+        return JSONResponse(result)
+
+    async def no_icon(request: Request) -> Response:
+        return Response(status_code=204)  # the browser asks for one; the page has none
+
+    return Starlette(routes=[Route("/", page), Route("/lab.js", script), Route("/api/state", state),
+                             Route("/api/run", run, methods=["POST"]),
+                             Route("/favicon.ico", no_icon)])
+
+
+def serve(session: LabSession, port: int) -> None:
+    import uvicorn  # lazy: only the serving command needs it
+
+    print(f"reskip lab on http://{HOST}:{port}/ (loopback only; Ctrl-C stops it)", flush=True)
+    uvicorn.run(build_app(session), host=HOST, port=port, log_level="warning")

@@ -1,0 +1,179 @@
+"""`reskip lab`: the one-variable rule, the measured delta on a tiny trained and calibrated run, the server's
+answers to bad requests, and the page in a real headless browser (the system chromium driven by
+Playwright; nothing downloads a browser)."""
+
+import json
+import shutil
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from conftest import save_tiny, write_corpus
+from reskip.cli import main
+
+ARTIFACTS = Path(__file__).resolve().parents[1] / ".pytest_artifacts"
+
+
+@pytest.fixture(scope="module")
+def lab_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("lab")
+    model_dir = save_tiny(tmp / "model", "llama")
+    data_dir = write_corpus(tmp / "corpus", n_docs=300)
+    run = tmp / "run"
+    assert main(["train", "--model", str(model_dir), "--data", str(data_dir), "--seq-len", "16", "--steps", "2",
+                 "--batch-size", "2", "--eval-every", "2", "--save-every", "2", "--eval-sequences", "2",
+                 "--block-size", "2", "--rank", "8", "--quiet", "--out", str(run)]) == 0
+    assert main(["calibrate", "--adapter", str(run), "--sequences", "4", "--delta", "100", "--budgets", "0.5,1",
+                 "--chunk-size", "4"]) == 0
+    return run
+
+
+@pytest.fixture(scope="module")
+def session(lab_run):
+    from reskip.lab.session import LabSession
+
+    return LabSession(lab_run)
+
+
+TEXT = " ".join(f"w{i}" for i in range(3, 40))
+
+
+def test_one_variable_at_a_time(session):
+    from reskip.lab.variables import LabError, apply
+
+    base, pf, n = session.base, session.policy_file, session.model.n_blocks
+    assert base.budget == 1.0  # the run's budget of one block per step
+    assert 2 in apply(base, {"variable": "skip_block", "block": 2, "value": "always"}, pf, n, True).policy.always
+    assert 2 not in apply(base, {"variable": "skip_block", "block": 2, "value": "never"}, pf, n, True).policy.eligible
+    assert apply(base, {"variable": "window", "value": 8}, pf, n, True).window == 8
+    assert apply(base, {"variable": "budget", "value": 0.5}, pf, n, True).budget == 0.5
+    assert apply(base, {"variable": "curriculum", "value": 0}, pf, n, True).curriculum == 0.0
+    assert apply(base, {"variable": "skip_path", "value": "identity"}, pf, n, True).skip_path == "identity"
+    for bad, words in [({"variable": ["tau", "window"], "value": 1}, "at once is refused"),
+                       ({"tau": 0.5, "window": 3}, "at once is refused"),
+                       ({"variable": "depth", "value": 1}, "unknown variable"),
+                       ({"variable": "window", "value": 0}, "window must lie in"),
+                       ({"variable": "tau", "block": 9, "value": 0.5}, "block must lie in"),
+                       ({"variable": "budget", "value": 3}, "no budget 3"),
+                       ({"variable": "skip_block", "block": 2, "value": "sometimes"}, "'always' or 'never'")]:
+        with pytest.raises(LabError, match=words):
+            apply(base, bad, pf, n, True)
+
+
+def test_a_run_measures_the_change_against_the_baseline(session):
+    from reskip.lab.variables import LabError
+
+    r = session.run(TEXT, {"variable": "skip_block", "block": 2, "value": "always"},
+                    {"direction": "worse", "amount_percent": 1})
+    m = r["measured"]
+    assert m["ppl_base"] > 0 and m["ppl_changed"] > 0 and len(r["tokens"]) == len(r["changed"]["skipped"])
+    assert all(2 in s for s in r["changed"]["skipped"])  # skipped at every step (token)
+    assert m["mean_skipped_changed"] >= 1 and m["direction"] in ("better", "worse", "unchanged")
+    assert r["prediction_right"] == (m["direction"] == "worse") and len(r["history"]) >= 1
+    same = session.run(TEXT, {"variable": "window", "value": session.base.window}, {"direction": "unchanged"})
+    assert same["measured"]["delta_percent"] == 0.0 and same["measured"]["decisions_flipped"] == 0
+    for text, change, pred, words in [(TEXT, {"variable": "window", "value": 2}, {}, "predict first"),
+                                      ("", {"variable": "window", "value": 2}, {"direction": "better"}, "paste a text"),
+                                      ("w5 " * 400, {"variable": "window", "value": 2}, {"direction": "better"},
+                                       "at most 256")]:
+        with pytest.raises(LabError, match=words):
+            session.run(text, change, pred)
+    session.lock.acquire()
+    try:
+        with pytest.raises(LabError, match="a run is in progress"):
+            session.run(TEXT, {"variable": "window", "value": 2}, {"direction": "better"})
+    finally:
+        session.lock.release()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(session):
+    import uvicorn
+
+    from reskip.lab.app import HOST, build_app
+
+    port = _free_port()
+    srv = uvicorn.Server(uvicorn.Config(build_app(session), host=HOST, port=port, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    for _ in range(100):
+        if srv.started:
+            break
+        time.sleep(0.05)
+    yield f"http://{HOST}:{port}"
+    srv.should_exit = True
+    thread.join(timeout=10)
+
+
+def _post(url, data: bytes):
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_bad_requests_get_a_clear_error_not_a_hung_server(server):
+    assert _post(server + "/api/run", b"not json") == (400, {"error": "the request is not JSON"})
+    code, body = _post(server + "/api/run", json.dumps({"text": TEXT, "change": {"variable": ["tau", "window"]},
+                                                        "prediction": {"direction": "better"}}).encode())
+    assert code == 200 and "at once is refused" in body["error"]  # the lab's own answer, shown in the page
+    code, body = _post(server + "/api/run", b"{" + b" " * 70_000 + b"}")
+    assert code == 413
+    with urllib.request.urlopen(server + "/api/state", timeout=10) as r:  # still answering
+        assert json.loads(r.read())["baseline"]["budget"] == 1.0
+
+
+def test_the_page_in_a_headless_browser(server):
+    from playwright.sync_api import sync_playwright
+
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    if exe is None:
+        pytest.fail("chromium is missing: the README's test command installs Debian's chromium package")
+    errors = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=exe, args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page()
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(server + "/")
+        page.wait_for_selector("#variable option[value=skip_block]", state="attached")
+        page.fill("#text", TEXT)
+        page.select_option("#variable", "skip_block")
+        page.fill("#block", "2")
+        page.fill("#value", "always")
+        page.click("#run")  # no prediction yet: refused, in the page
+        page.wait_for_function("document.getElementById('error').textContent.includes('predict first')")
+        page.check("input[name=direction][value=worse]")
+        page.fill("#amount", "2")
+        page.click("#run")
+        page.wait_for_selector("#delta", timeout=60_000)
+        text = page.inner_text("#result")
+        assert "Measured:" in text and "Your prediction" in text
+        assert page.locator("#tokens .tok").count() == len(session_tokens(page))
+        assert "change" in page.inner_text("#history")
+        page.select_option("#variable", "window")
+        page.fill("#value", "0")  # a bad value: a clear error in the page, the server still fine
+        page.click("#run")
+        page.wait_for_function("document.getElementById('error').textContent.includes('window must lie in')")
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "lab.png"), full_page=True)
+        browser.close()
+    assert not errors, errors
+    assert (ARTIFACTS / "lab.png").stat().st_size > 10_000
+
+
+def session_tokens(page) -> list:
+    return page.eval_on_selector_all("#tokens .tok", "els => els.map(e => e.textContent)")
