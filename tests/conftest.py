@@ -112,3 +112,19 @@ def write_corpus(folder, n_docs: int = 120, seed: int = 0):
         words = " ".join(f"w{rng.randrange(2, VOCAB - 1)}" for _ in range(rng.randrange(40, 120)))
         (folder / f"doc{i:03d}.txt").write_text(words)
     return folder
+
+
+def tiny_trained_run(tmp, calibrate: list[str] | None = None):
+    """A tiny llama trained 2 steps on a random-word corpus in tmp/run (and calibrated with `calibrate`'s
+    extra flags when given): the run folder a command under test reads, in a few seconds."""
+    from reskip.cli import main
+
+    model_dir = save_tiny(tmp / "model", "llama")
+    data_dir = write_corpus(tmp / "corpus", n_docs=300)
+    run = tmp / "run"
+    assert main(["train", "--model", str(model_dir), "--data", str(data_dir), "--seq-len", "16", "--steps", "2",
+                 "--batch-size", "2", "--eval-every", "2", "--save-every", "2", "--eval-sequences", "2",
+                 "--block-size", "2", "--rank", "8", "--quiet", "--out", str(run)]) == 0
+    if calibrate is not None:
+        assert main(["calibrate", "--adapter", str(run), "--sequences", "4", "--delta", "100", *calibrate]) == 0
+    return run

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import has_package, save_tiny, write_corpus
+from conftest import has_package, save_tiny, tiny_trained_run, write_corpus
 from reskip.cli import main
 from reskip.evaluate.flops import LayerFlops, executed_share
 from reskip.skip.policy_file import PolicyFile
@@ -29,15 +29,7 @@ def test_layer_flops_of_smollm2():
 
 @pytest.fixture(scope="module")
 def calibrated_run(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("evalrun")
-    model_dir = save_tiny(tmp / "model", "llama")
-    data_dir = write_corpus(tmp / "corpus", n_docs=300)
-    run = tmp / "run"
-    assert main(["train", "--model", str(model_dir), "--data", str(data_dir), "--seq-len", "16", "--steps", "2",
-                 "--batch-size", "2", "--eval-every", "2", "--save-every", "2", "--eval-sequences", "2",
-                 "--block-size", "2", "--rank", "8", "--quiet", "--out", str(run)]) == 0
-    assert main(["calibrate", "--adapter", str(run), "--sequences", "4", "--delta", "100", "--max-skips", "2"]) == 0
-    return run
+    return tiny_trained_run(tmp_path_factory.mktemp("evalrun"), ["--max-skips", "2"])
 
 
 def test_eval_writes_results_for_every_method(calibrated_run, capsys):

@@ -13,24 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from conftest import save_tiny, write_corpus
-from reskip.cli import main
+from conftest import tiny_trained_run
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / ".pytest_artifacts"
 
 
 @pytest.fixture(scope="module")
 def lab_run(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("lab")
-    model_dir = save_tiny(tmp / "model", "llama")
-    data_dir = write_corpus(tmp / "corpus", n_docs=300)
-    run = tmp / "run"
-    assert main(["train", "--model", str(model_dir), "--data", str(data_dir), "--seq-len", "16", "--steps", "2",
-                 "--batch-size", "2", "--eval-every", "2", "--save-every", "2", "--eval-sequences", "2",
-                 "--block-size", "2", "--rank", "8", "--quiet", "--out", str(run)]) == 0
-    assert main(["calibrate", "--adapter", str(run), "--sequences", "4", "--delta", "100", "--budgets", "0.5,1",
-                 "--chunk-size", "4"]) == 0
-    return run
+    return tiny_trained_run(tmp_path_factory.mktemp("lab"), ["--budgets", "0.5,1", "--chunk-size", "4"])
 
 
 @pytest.fixture(scope="module")
