@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import has_package, save_tiny, tiny_trained_run, write_corpus
+from conftest import has_package, save_tiny, tiny_trained_run
 from reskip.cli import main
 from reskip.evaluate.flops import LayerFlops, executed_share
 from reskip.skip.policy_file import PolicyFile
