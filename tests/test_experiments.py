@@ -155,3 +155,21 @@ def test_arms_get_ten_validations_unless_told():
     assert _base(ExperimentOptions(preset="quick"), check=False).eval_every == 3  # 30 steps
     assert _base(ExperimentOptions(preset="standard"), check=False).eval_every == 10  # 100 steps
     assert _base(ExperimentOptions(overrides={"eval_every": 7}), check=False).eval_every == 7
+
+
+def test_interpolation_is_judged_over_the_ramp_only():
+    """The quick preset's interpolation arm rose 16.7 -> 30.9 while c(t) went 0 -> 1 and then recovered at
+    c = 1; over the whole curve Spearman(c, ppl) read -0.06. The verdict reads the ramp only."""
+    from reskip.experiments.variants import _ramp, claims
+
+    c = [0.0, 0.29, 0.64, 1.0, 1.0, 1.0]
+    def arm(ppl):
+        return {"curve": [{"step": 3 * i, "c": ci, "ppl": p} for i, (ci, p) in enumerate(zip(c, ppl))],
+                "worst_ppl": max(ppl), "worst_step": 3 * ppl.index(max(ppl)), "final_ppl": ppl[-1],
+                "ppl_backbone": ppl[0], "spearman_I_vs_A": None,
+                "signal_test": {"rates": [0.5], "blocks": []}}
+    assert [e["step"] for e in _ramp(arm([1] * 6)["curve"])] == [0, 3, 6, 9]
+    arms = {"recipe": arm([16.7, 15.9, 15.7, 15.2, 15.1, 14.4]), "observer": arm([16.7] * 6),
+            "interpolate": arm([16.7, 18.0, 23.5, 30.9, 25.0, 19.1]), "gamma_free": arm([16.7, 15.6, 15.2, 14.7, 14.6, 14.5])}
+    verdicts = [x["verdict"] for x in claims(arms)]
+    assert verdicts[0] == "held" and verdicts[1] == "did not hold"

@@ -9,7 +9,8 @@ seed and budget. The document's predictions, confronted with what the arms measu
 
 Thresholds (a verdict needs a margin beyond the validation set's rounding, not a significance test:
 every arm is scored on the same fixed validation sequences): "degrades" is a worst perplexity 5% above
-the recipe's worst with perplexity rising with c(t); a "dent" is 2% above the recipe at the same step
+the recipe's worst with perplexity rising with c(t) over the ramp (the validations up to c's first maximum;
+after it c stays put and the curve is recovery); a "dent" is 2% above the recipe at the same step
 in the first half of training; "uncorrelated" is no block where the signal test finds w_recent better
 than random at choosing positions to skip."""
 
@@ -30,6 +31,14 @@ ARMS = [
 ]
 
 
+def _ramp(curve: list[dict]) -> list[dict]:
+    """The validations while gamma rises: up to the first at the largest c(t) (after it c stays put, and
+    what perplexity does then is recovery, not the rise)."""
+    top = max(e["c"] for e in curve)
+    end = next(i for i, e in enumerate(curve) if e["c"] == top)
+    return curve[: end + 1]
+
+
 def _early(arm: dict) -> list[dict]:
     last = arm["curve"][-1]["step"]
     return [e for e in arm["curve"] if e["step"] <= last / 2]
@@ -39,13 +48,15 @@ def claims(arms: dict) -> list[dict]:
     rec, obs, itp, free = arms["recipe"], arms["observer"], arms["interpolate"], arms["gamma_free"]
     out = []
 
-    cs, ps = [e["c"] for e in itp["curve"]], [e["ppl"] for e in itp["curve"]]
+    ramp = _ramp(itp["curve"])
+    cs, ps = [e["c"] for e in ramp], [e["ppl"] for e in ramp]
     rho = spearman(cs, ps)
     worse = itp["worst_ppl"] / rec["worst_ppl"]
     out.append(claim(
         "Direct interpolation toward r_n degrades the frozen blocks as gamma rises",
         f"interpolate: val ppl {ps[0]:.3f} at c = {cs[0]:.2f}, worst {itp['worst_ppl']:.3f} at step {itp['worst_step']}, "
-        f"final {itp['final_ppl']:.3f} (backbone {itp['ppl_backbone']:.3f}); Spearman(c(t), ppl) = "
+        f"final {itp['final_ppl']:.3f} (backbone {itp['ppl_backbone']:.3f}); Spearman(c(t), ppl) over the ramp "
+        f"(steps {ramp[0]['step']}-{ramp[-1]['step']}) = "
         f"{'n/a' if rho is None else f'{rho:.2f}'}; its worst is {worse:.3f} x the recipe's worst ({rec['worst_ppl']:.3f})",
         None if rho is None else bool(worse > DEGRADE and rho > 0)))
 
