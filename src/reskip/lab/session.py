@@ -10,6 +10,8 @@ import threading
 
 import torch
 
+from ..data.packing import pack
+from ..data.sources import load_splits
 from ..losses import ce_tokens
 from ..skip.scoring import score
 from ..skip.session import open_run
@@ -27,11 +29,20 @@ class LabSession:
         self.policy_file = self.opened.policy_file
         self.has_shortcut = bool(self.model.side_channel.shortcuts)
         self.base = baseline(self.policy_file, self.has_shortcut)
+        self.samples = self._samples()
         self.history: list[dict] = []
         self.lock = threading.Lock()
 
+    def _samples(self, n: int = 3, tokens: int = 96) -> list[str]:
+        """A few texts to pick: the first sequences of the run's own test split (never trained or calibrated on)."""
+        splits, _ = load_splits(self.opened.source.data_specs)
+        if not splits["test"]:
+            return []
+        data = pack(self.tokenizer, splits["test"], tokens, n, seed=0)
+        return [self.tokenizer.decode(row, skip_special_tokens=True) for row in data.input_ids.tolist()]
+
     def state(self) -> dict:
-        return {"baseline": self.base.describe(), "variables": VARIABLES, "n_blocks": self.model.n_blocks,
+        return {"baseline": self.base.describe(), "samples": self.samples, "variables": VARIABLES, "n_blocks": self.model.n_blocks,
                 "budgets": self.policy_file.budgets(), "eligible": sorted(self.policy_file.eligible()),
                 "max_tokens": MAX_TOKENS, "history": self.history}
 

@@ -19,6 +19,11 @@ async function load() {
   sel.onchange = () => { el("help").textContent = state.variables[sel.value]; };
   sel.onchange();
   el("block").max = state.n_blocks;
+  state.samples.forEach((t, i) => {
+    const o = document.createElement("option"); o.value = String(i); o.textContent = "test text " + (i + 1);
+    el("samples").appendChild(o);
+  });
+  el("samples").onchange = () => { const i = el("samples").value; if (i !== "") el("text").value = state.samples[Number(i)]; };
   renderHistory(state.history);
 }
 
