@@ -30,6 +30,21 @@ def model_flags(p: argparse.ArgumentParser, dtype: bool = False) -> None:
         p.add_argument("--dtype", choices=DTYPES, default="float32")
 
 
+BUDGET_FLAGS = ("steps", "batch_size", "seq_len", "lr")  # a preset's training budget, overridable by flag
+
+
+def budget_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--seq-len", type=int, default=None)
+    p.add_argument("--lr", type=float, default=None)
+
+
+def budget_values(args, names=BUDGET_FLAGS) -> dict:
+    """The training values among `names` that flags set."""
+    return {k: getattr(args, k) for k in names if getattr(args, k) is not None}
+
+
 def retrofit_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-size", type=int, default=None, help="layers per block (default 4)")
     p.add_argument("--boundaries", default=None, help="explicit block starts, e.g. 4,8,12 (overrides --block-size)")

@@ -5,13 +5,11 @@ The flags become one ExperimentOptions; the experiment's library code is importe
 from __future__ import annotations
 
 from ..experiments.options import EXPERIMENTS, SEED_BUDGET_BYTES, ExperimentOptions
-from .common import retrofit_flags, retrofit_values
-
-TRAIN_FLAGS = ("steps", "batch_size", "seq_len", "lr", "eval_every")
+from .common import BUDGET_FLAGS, budget_flags, budget_values, retrofit_flags, retrofit_values
 
 
 def experiment_options(args) -> ExperimentOptions:
-    overrides = {k: getattr(args, k) for k in TRAIN_FLAGS if getattr(args, k) is not None}
+    overrides = budget_values(args, (*BUDGET_FLAGS, "eval_every"))
     retrofit = retrofit_values(args)
     boundaries = retrofit.pop("boundaries", None) if args.name == "block-size" else None
     overrides.update(retrofit)  # block_size, rank, ...: the pipeline's overrides take retrofit keys by name
@@ -43,14 +41,12 @@ def register(sub) -> None:
                    help="run folder to write OUT/experiments/NAME into (default runs/experiments); "
                         "`reskip report OUT` shows every experiment there")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=None)
-    p.add_argument("--batch-size", type=int, default=None)
-    p.add_argument("--seq-len", type=int, default=None)
-    p.add_argument("--lr", type=float, default=None)
+    budget_flags(p)
     p.add_argument("--eval-every", type=int, default=None, help="steps between validations (the logged curve)")
     retrofit_flags(p)
     p.add_argument("--calib-sequences", type=int, default=None, help="per arm (default: the preset's)")
-    p.add_argument("--test-sequences", type=int, default=None, help="per arm, for the signal test (default: twice the preset's diagnose sequences)")
+    p.add_argument("--test-sequences", type=int, default=None,
+                   help="per arm, for the signal test (default: twice the preset's diagnose sequences)")
     p.add_argument("--budget-bytes", type=int, default=SEED_BUDGET_BYTES,
                    help="placement: the depth-state budget (default 256 MiB, the second source document's)")
     p.add_argument("--context", type=int, default=None,

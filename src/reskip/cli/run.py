@@ -10,14 +10,12 @@ from pathlib import Path
 
 from ..runs import RunFolder
 from ..train.log import format_summary
-from .common import retrofit_flags, retrofit_values
-
-TRAIN_FLAGS = ("steps", "batch_size", "seq_len", "lr")
+from .common import budget_flags, budget_values, retrofit_flags, retrofit_values
 
 
 def run_overrides(args) -> dict:
     """The training and retrofit values the flags set (the preset's own values for the rest)."""
-    overrides = {k: getattr(args, k) for k in TRAIN_FLAGS if getattr(args, k) is not None}
+    overrides = budget_values(args)
     if args.recompute:
         overrides["recompute"] = True
     overrides.update(retrofit_values(args))
@@ -53,10 +51,7 @@ def register(sub) -> None:
     p.add_argument("--preset", choices=["quick", "medium", "standard"], default="standard")
     p.add_argument("--model", default=None, help="backbone; default: bundled SmolLM2-135M-Instruct")
     p.add_argument("--data", nargs="+", default=None, help="training data specs (default: the bundled mix)")
-    p.add_argument("--steps", type=int, default=None)
-    p.add_argument("--batch-size", type=int, default=None)
-    p.add_argument("--seq-len", type=int, default=None)
-    p.add_argument("--lr", type=float, default=None)
+    budget_flags(p)
     p.add_argument("--recompute", action="store_true",
                    help="recompute the frozen layers' activations in the backward pass: the standard run under 4 GB "
                         "resident for about 11%% more training time (see Training)")

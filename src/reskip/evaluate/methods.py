@@ -203,14 +203,14 @@ def evaluate_methods(model: ReskipModel, data: Packed, methods: list[Method], wi
         # Asked in sequence order, so a policy's state (a mix's counter, a random draw) advances as before.
         plans = {i: plan(method.policy, model.n_blocks, n_steps) for i in rows}
         if all(p is not None for p in plans.values()):
-            new = [i for i in rows if (i, _decisions(plans[i].steps)) not in seen]
+            keys = {i: (i, _decisions(p.steps)) for i, p in plans.items()}
+            new = [i for i in rows if keys[i] not in seen]
             if new:
                 z, traces = score_planned(model, data.input_ids[new], [plans[i] for i in new], chunk_size)
                 for b, i in enumerate(new):
-                    seen[(i, _decisions(plans[i].steps))] = _tally_of(
-                        z[b : b + 1], refs[i], [t.skipped for t in traces[b]], [t.length for t in traces[b]], False,
-                        cost)
-            return [seen[(i, _decisions(plans[i].steps))] for i in rows]
+                    seen[keys[i]] = _tally_of(z[b : b + 1], refs[i], [t.skipped for t in traces[b]],
+                                              [t.length for t in traces[b]], False, cost)
+            return [seen[keys[i]] for i in rows]
         out = []
         for i in rows:  # a policy reading the routers' signal decides as it goes: one sequence at a time
             z, trace = score(model, data.input_ids[i : i + 1], method.policy, window, chunk_size)

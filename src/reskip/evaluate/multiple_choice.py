@@ -130,14 +130,16 @@ def mc_accuracy(model, tokenizer, questions: list[Question], policy, window: int
     return {"acc": correct / n, "acc_norm": correct_norm / n, "chance": chance / n, "n": len(questions)}
 
 
-def _next_token_ll(model, ctx: list[int], tokens: list[int], policy, window: int) -> list[float]:
-    ids = torch.tensor([ctx])
+def _logits(model, ids: torch.Tensor, policy, window: int, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, T, V): the backbone's (policy None: side-channel off) or the retrofit's under `policy`, one step."""
     if policy is None:
         with model.side_channel_disabled():
-            logits = model(input_ids=ids, use_cache=False).logits
-    else:
-        logits, _ = score(model, ids, policy, window)
-    logp = logits[0, -1].float().log_softmax(-1)  # (V,)
+            return model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+    return score(model, ids, policy, window, attention_mask=mask)[0]
+
+
+def _next_token_ll(model, ctx: list[int], tokens: list[int], policy, window: int) -> list[float]:
+    logp = _logits(model, torch.tensor([ctx]), policy, window)[0, -1].float().log_softmax(-1)  # (V,)
     return [float(logp[t]) for t in tokens]
 
 
@@ -150,12 +152,7 @@ def _choices_ll(model, tokenizer, ctx: list[int], conts: list[list[int]], policy
     for i, c in enumerate(conts):  # right padding: real tokens keep positions 0..n-1
         ids[i, : len(ctx) + len(c)] = torch.tensor(ctx + c)
         mask[i, : len(ctx) + len(c)] = 1
-    if policy is None:
-        with model.side_channel_disabled():
-            logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
-    else:
-        logits, _ = score(model, ids, policy, window, attention_mask=mask)
-    logp = logits.float().log_softmax(-1)
+    logp = _logits(model, ids, policy, window, mask).float().log_softmax(-1)
     ll = []
     for i, c in enumerate(conts):
         pos = torch.arange(len(ctx) - 1, len(ctx) + len(c) - 1)

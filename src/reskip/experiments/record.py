@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..io_atomic import atomic_write_json, atomic_write_text
+from .arms import beats_random
 
 RESULTS = "results.json"
 TABLE = "results.md"
@@ -45,8 +46,7 @@ def arms_table(arms: dict) -> list[str]:
         min_a = min((b["A"] for b in mids), default=None)
         ranges = sorted(b["w_recent_range"] for b in mids if b["w_recent_range"] is not None)
         med = ranges[len(ranges) // 2] if ranges else None
-        beats = [r["block"] for r in a["signal_test"]["blocks"]
-                 if r["p"] == max(a["signal_test"]["rates"]) and r["verdict"] == "signal beats random"]
+        beats = beats_random(a)
         out.append(f"| {name} | {a['params']:,} | {a['worst_ppl']:.3f} ({a['worst_step']}) | {a['final_ppl']:.3f} "
                    f"| {a['final_kl']:.4f} | {'-' if min_a is None else f'{min_a:.3f}'} "
                    f"| {'-' if med is None else f'{med:.4f}'} | {beats or 'none'} |")
