@@ -81,6 +81,14 @@ def test_mix_trains_each_part_alone_and_measures_on_the_whole_mix(tiny):
     assert len(r["claims"]) == 2 and "Entropy share per block" in (out / "experiments" / "mix" / "results.md").read_text()
     # the narrow arms did train on different sequences: their routing differs from the whole mix's
     assert r["arms"]["alpha only"]["final_ppl"] != r["arms"]["whole mix"]["final_ppl"]
+    # `variants` in the same folder: its recipe is the whole mix's configuration, so it is not trained again
+    assert main(["experiment", "variants", "--model", str(model), "--data", str(corpus), "--out", str(out), *TINY]) == 0
+    v = json.loads((out / "experiments" / "variants" / "results.json").read_text())
+    recipe, whole = v["arms"]["recipe"], r["arms"]["whole mix"]
+    assert recipe["reused_from"].endswith("whole-mix") and recipe["curve"] == whole["curve"]
+    assert recipe["signal_test"] == whole["signal_test"] and recipe["arm"] == "recipe"
+    assert not (out / "experiments" / "variants" / "arms" / "recipe" / "train_log.jsonl").exists()
+    assert all("reused_from" not in a for n, a in v["arms"].items() if n != "recipe")  # the rejected designs differ
 
 
 def test_mix_needs_a_mix(tiny, capsys):

@@ -8,7 +8,7 @@ from conftest import VOCAB, batch, tiny_model
 from reskip import RetrofitConfig, retrofit
 from reskip.compat import cache_kwarg
 from reskip.ar_retrofit.kv_cache import append_kv, reference_logits
-from reskip.skip.scoring import generate, score, score_planned
+from reskip.skip.scoring import generate, score, score_planned, score_rows
 from reskip.skip.policies import NoSkip, PlannedSkip, RandomSkip, ReSkip, SkipPolicy, StaticSkip
 
 EXACT_FAMILIES = ["llama", "qwen3", "gemma3", "qwen2", "mistral"]
@@ -142,6 +142,62 @@ def test_batched_planned_scoring_equals_each_row_alone(family, shortcut):
     torch.testing.assert_close(one_step, score(rm, ids, StaticSkip({3}), window=3)[0], rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="2 plans for 3 sequences"):
         score_planned(rm, ids, plans[:2], chunk_size=4)
+
+
+@pytest.mark.parametrize("family,shortcut", [("llama", False), ("llama", True), ("qwen3", False), ("gemma3", True)])
+def test_rows_scoring_decides_each_row_as_it_would_alone(family, shortcut):
+    """A signal-reading ReSkip policy over a batch of independent sequences: each row keeps its own
+    window, w_recent and max_skips count, so its decisions, w_recent and logits are those of scoring it
+    alone (`score`, batch 1); at some steps a block is skipped by every row (not run), by some (run,
+    the identity on those rows) or by none."""
+    cfg = RetrofitConfig(block_size=2, rank=8, up_init_std=0.3, skip_path="shortcut" if shortcut else "identity")
+    rm = retrofit(tiny_model(family, init_std=0.3), cfg)
+    rm.set_curriculum(1.0)
+    if shortcut:
+        with torch.no_grad():
+            for s in rm.side_channel.shortcuts.values():
+                for p in s.parameters():
+                    p.normal_(0, 0.3)
+    ids = torch.randint(3, VOCAB, (4, 15), generator=torch.Generator().manual_seed(7))
+    seen = {2: [], 3: []}
+    for b in range(4):
+        for t in score(rm, ids[b : b + 1], NEVER, window=3, chunk_size=3)[1]:
+            for n, w in t.w_recent.items():
+                seen[n].append(w)
+    paths, most = set(), {}
+    for q, max_skips in ((0.5, 1), (0.5, 2), (0.1, 2), (0.9, 2)):  # thresholds at the q-quantile of the signal
+        tau = {n: sorted(v)[int(q * len(v))] for n, v in seen.items()}
+        policy = ReSkip(tau=tau, eligible={2, 3}, max_skips=max_skips)
+        logits, traces = score_rows(rm, ids, policy, window=3, chunk_size=3)
+        assert logits.shape == (4, 15, VOCAB)
+        for b in range(4):
+            alone, trace = score(rm, ids[b : b + 1], policy, window=3, chunk_size=3)
+            assert [(t.start, t.length, t.skipped) for t in traces[b]] == [(t.start, t.length, t.skipped) for t in trace]
+            for mine, ref in zip(traces[b], trace):
+                assert mine.w_recent == pytest.approx(ref.w_recent, abs=1e-6)
+            torch.testing.assert_close(logits[b : b + 1], alone, rtol=1e-5, atol=1e-5)
+        for j in range(5):  # how each block ran at each step: on no row, on every row, on some
+            for n in (2, 3):
+                rows = sum(n in traces[b][j].skipped for b in range(4))
+                paths.add("none" if rows == 0 else "every" if rows == 4 else "some")
+        most[q, max_skips] = max(len(t.skipped) for tr in traces for t in tr)
+    assert paths == {"none", "every", "some"}, paths
+    assert most[0.5, 1] == 1 and most[0.5, 2] == 2  # each row's own cap held where rows wanted more
+    one_step, tr = score_rows(rm, ids, policy, window=3, chunk_size=15)  # one step: no cache
+    for b in range(4):
+        alone, trace = score(rm, ids[b : b + 1], policy, window=3)
+        assert tr[b][0].skipped == trace[0].skipped
+        torch.testing.assert_close(one_step[b : b + 1], alone, rtol=1e-5, atol=1e-5)
+
+
+def test_rows_scoring_refuses_a_policy_with_state():
+    """A random draw advances with each decision, so rows asked in turn would not draw what each alone
+    draws: such a policy is refused (evaluation scores it one sequence at a time)."""
+    rm = _rm("llama")
+    ids = torch.randint(3, VOCAB, (2, 6), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="keeps state"):
+        score_rows(rm, ids, RandomSkip(0.5, {2, 3}), window=3, chunk_size=2)
+    assert not RandomSkip(0.5, {2}).pure and not StaticSkip({2}).pure and NEVER.pure and NoSkip().pure
 
 
 # Reads the signal of blocks 2 and 3 and never skips (alpha <= 1 < tau).

@@ -62,11 +62,13 @@ class DepthPass:
         self.replay: tuple[int, Captured, bool] | None = None
         # ReSkip: `runtime` decides per pass (step) which blocks to skip, before each block
         # runs. `idle`: the blocks whose layers do not run in this pass (skipped, replayed or
-        # decided by the runtime). `position_skip` (reference mode, no cache) skips block n
-        # only at the positions where its (B, T) bool mask is True.
+        # decided by the runtime). `position_skip` skips block n only at the positions where its
+        # (B, T) bool mask is True (the block runs; identity there). `pass_skip`: this pass's
+        # masks, position_skip's plus the rows a runtime deciding per row skips block n on.
         self.runtime = None
         self.idle: set[int] = set()
         self.position_skip: dict[int, torch.Tensor] = {}
+        self.pass_skip: dict[int, torch.Tensor] = {}
         # recompute: run each frozen layer under activation checkpointing when gradients flow through
         # it, so only its input is kept and its inner activations are recomputed in the backward pass.
         self.recompute = False
@@ -77,12 +79,12 @@ class DepthPass:
             self.states, self.float_states, self.sources, self.inputs, self.alphas = [hidden], [], None, {}, {}
             self.tensors = self.side_channel.pass_tensors() if self.enabled else None
             self.idle = set(self.skip)
+            self.pass_skip = self.position_skip  # copied before a runtime adds to it (`_decide`)
             if self.replay is not None:
                 self.idle.update(range(1, self.replay[0] + 1))
             if self.runtime is not None:
                 self.runtime.begin_step(hidden.shape[1])
-                if self.runtime.decide(1, None):  # block 1 has no router: only static policies skip it
-                    self.idle.add(1)
+                self._decide(1, None, hidden)  # block 1 has no router: only static policies skip it
         if self.replay is not None and n <= self.replay[0]:
             return hidden
         if n == 1 or not self.enabled:
@@ -92,11 +94,23 @@ class DepthPass:
         x, alpha = block_input(self.tensors[n], self.sources, hidden)
         if self.record_alphas:
             self.alphas[n] = alpha
-        runtime = self.runtime
-        if runtime is not None and runtime.decide(n, alpha):
-            self.idle.add(n)
+        if self.runtime is not None:
+            self._decide(n, alpha, x)
         self.inputs[n] = x
         return x
+
+    def _decide(self, n: int, alpha, x: torch.Tensor) -> None:
+        """Ask the runtime about block n: True skips it on every row (its layers do not run), False runs
+        it; B bools, some True (a runtime deciding per row, `skip.runtime.RowsRuntime`), run it and make
+        it the identity on those rows, as `position_skip` does."""
+        decision = self.runtime.decide(n, alpha)
+        if decision is True:
+            self.idle.add(n)
+        elif decision is not False:
+            if self.pass_skip is self.position_skip:
+                self.pass_skip = dict(self.position_skip)
+            rows = torch.tensor(decision, device=x.device)  # (B,)
+            self.pass_skip[n] = rows[:, None].expand(x.shape[:2])  # (B, T)
 
     def _grow_sources(self, n: int) -> None:
         """Stack the float32 sources h_0..h_{n-1}: (B, T, n, d). Each state is cast once per pass."""
@@ -170,8 +184,8 @@ class BlockLayer(nn.Module):
                 out = checkpoint(self._inner, hidden_states, *args, use_reentrant=False, **kwargs)
             else:
                 out = self._inner(hidden_states, *args, **kwargs)
-            if dp.position_skip:
-                mask = dp.position_skip.get(n)
+            if dp.pass_skip:
+                mask = dp.pass_skip.get(n)
                 if mask is not None:  # reference mode: identity at the skipped positions only
                     # every layer of the block passes x_n through there; the last also adds the shortcut
                     kept = dp.skipped_output(n, hidden_states) if self.is_last else hidden_states

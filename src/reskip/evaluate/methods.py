@@ -1,9 +1,9 @@
 """`reskip eval`: the backbone, the retrofit and skip policies side by side on the test split.
 
 Each test sequence makes its own skip decisions, in chunks of `chunk_size` tokens: a chunk is one
-step. A policy that reads the routers' signal scores one sequence at a time; one whose decisions are
-fixed in advance (static, influence, random, a budget of whole blocks) scores a group of sequences in
-one batch, each row with its own plan. Per method: perplexity and
+step. A group of sequences is scored in one batch, each row making its own decisions: planned in
+advance for a policy that reads no signal (static, influence, random, a budget of whole blocks), taken
+as it goes from the row's own signal for ReSkip. Per method: perplexity and
 its ratio to the backbone's, top-1 agreement with and KL to the backbone, blocks skipped per
 step (mean and distribution), the share of layer FLOPs executed, and the margin check
 (eps = max |logit change| from skipping relative to the retrofit without skipping,
@@ -26,7 +26,7 @@ from ..losses import ce_sum, kl_sum, teacher_targets
 from ..ar_retrofit.model import ReskipModel
 from ..skip.policies import NoSkip, SkipPolicy, plan
 from ..skip.policy_file import PolicyFile, make_policy
-from ..skip.scoring import score, score_planned
+from ..skip.scoring import score, score_planned, score_rows
 from ..skip.spec import METHOD_GRAMMAR, Spec, parse_spec
 from .flops import LayerFlops, executed_share, shortcut_flops
 
@@ -178,7 +178,8 @@ def evaluate_methods(model: ReskipModel, data: Packed, methods: list[Method], wi
     group's sequences scored in one batch (`scoring.score_planned`); a sequence already scored with
     exactly those decisions (by another method: static:2 and a budget of two whole blocks, static and
     influence picking the same block) is not scored again: its metrics are reused. A method that reads
-    the routers' signal scores one sequence at a time, each making its own decisions."""
+    the routers' signal scores the group in one batch too, each row making its own decisions as it goes
+    (`scoring.score_rows`; one sequence at a time for a policy that is not `pure`)."""
     flops = LayerFlops.of(model.base_model.config)
     side = model.side_channel
     per_shortcut = shortcut_flops(side.hidden_size, side.shortcut_rank)
@@ -211,9 +212,15 @@ def evaluate_methods(model: ReskipModel, data: Packed, methods: list[Method], wi
                     seen[keys[i]] = _tally_of(z[b : b + 1], refs[i], [t.skipped for t in traces[b]],
                                               [t.length for t in traces[b]], False, cost)
             return [seen[keys[i]] for i in rows]
+        # A policy reading the routers' signal decides as it goes: the group in one batch, each row from its
+        # own signal, when its decisions are pure functions of that signal (ReSkip); else one at a time.
+        if method.policy.pure:
+            z, traces = score_rows(model, data.input_ids[rows], method.policy, window, chunk_size)
+            scored = [(z[b : b + 1], traces[b]) for b in range(len(rows))]
+        else:
+            scored = [score(model, data.input_ids[i : i + 1], method.policy, window, chunk_size) for i in rows]
         out = []
-        for i in rows:  # a policy reading the routers' signal decides as it goes: one sequence at a time
-            z, trace = score(model, data.input_ids[i : i + 1], method.policy, window, chunk_size)
+        for i, (z, trace) in zip(rows, scored):
             skipped = [t.skipped for t in trace]
             one = _tally_of(z, refs[i], skipped, [t.length for t in trace], False, cost)
             seen[(i, _decisions(skipped))] = one

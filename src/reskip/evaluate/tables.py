@@ -25,8 +25,8 @@ def markdown(results: dict) -> str:
         lines.append("| " + " | ".join(row) + " |")
     meta = results["meta"]
     lines.append("")
-    lines.append(f"Test split: {meta['sequences']} sequences x {meta['seq_len']} tokens, scored one sequence at a time "
-                 f"in chunks of {meta['chunk_size']} tokens (one step per chunk), window W = {meta['window']}. "
+    lines.append(f"Test split: {meta['sequences']} sequences x {meta['seq_len']} tokens, each making its own skip "
+                 f"decisions in chunks of {meta['chunk_size']} tokens (one step per chunk), window W = {meta['window']}. "
                  "eps = max |logit change| from skipping vs the retrofit without skipping; Delta = its top-1 minus "
                  "top-2 logit. Multiple choice: log-likelihood, one step per scored sequence.")
     held = results.get("heldout")

@@ -3,14 +3,16 @@ every other arm of that experiment (same data, seed and token budget; only the a
 
 An arm's folder is an ordinary run folder (config.yaml, train_log.jsonl, adapter/, policy.json) plus
 `arm.json`, its measurements; an experiment run again reuses the arms that finished and resumes the
-one that did not (training resumes exactly from its last checkpoint)."""
+one that did not (training resumes exactly from its last checkpoint). An arm another experiment of the
+same folder has finished with the same training configuration and measurements (`variants`' recipe is
+`mix`'s whole mix) is not trained again: its arm.json is copied, saying where from."""
 
 from __future__ import annotations
 
 import json
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..data.packing import pack
@@ -72,6 +74,13 @@ def run_arm(arm: Arm, base: TrainConfig, folder: Path, measure: Measure, show=pr
         return json.loads(done.read_text())
     t0 = time.perf_counter()
     cfg = arm.config(base)
+    twin = finished_twin(folder, cfg, measure)
+    if twin is not None:
+        show(f"[{arm.name}] the same arm as {twin.parent}: its measurements reused, not trained again")
+        result = {**json.loads(twin.read_text()), "arm": arm.name, "note": arm.note, "train": arm.train,
+                  "reused_from": str(twin.parent)}
+        atomic_write_json(done, result)
+        return result
     show(f"[{arm.name}] training {cfg.steps} steps x {cfg.batch_size} x {cfg.seq_len} tokens")
     train(cfg, folder, resume=latest_checkpoint(folder) is not None, show_progress=False)
     t_train = time.perf_counter() - t0
@@ -104,11 +113,32 @@ def run_arm(arm: Arm, base: TrainConfig, folder: Path, measure: Measure, show=pr
         "spearman_I_vs_A": _spearman_I_A(policy.data["blocks"]),
         "signal_test": st,
         "frontier": (policy.data.get("budgets") or {}).get("frontier"),
+        "measure": _as_stored(measure),
         "wall_s": {"train": t_train, "total": time.perf_counter() - t0},
     }
     atomic_write_json(done, result)
     del model
     return result
+
+
+def finished_twin(folder: Path, cfg: TrainConfig, measure: Measure) -> Path | None:
+    """arm.json of a finished arm in another experiment of the same experiments folder (OUT/experiments/
+    NAME/arms/ARM) trained with exactly `cfg` and measured with `measure`; None when there is none."""
+    mine = cfg.to_dict()
+    for other in sorted(folder.parents[2].glob(f"*/arms/*/{ARM_FILE}")):
+        if other.parent.resolve() == folder.resolve():
+            continue
+        stored = RunFolder(other.parent).config
+        if not stored.is_file() or json.loads(other.read_text()).get("measure") != _as_stored(measure):
+            continue
+        if TrainConfig.from_yaml(stored.read_text()).to_dict() == mine:
+            return other
+    return None
+
+
+def _as_stored(measure: Measure) -> dict:
+    """The measurements' settings as arm.json holds them (tuples as lists)."""
+    return json.loads(json.dumps(asdict(measure)))
 
 
 def _block_row(b: dict, last_eval: dict) -> dict:

@@ -35,7 +35,7 @@ from ..losses import ce_sum
 from ..ar_retrofit.model import ReskipModel
 from .calibration import sliding_mean
 from .policy_file import policy_of_allocation
-from .scoring import score
+from .scoring import score_rows
 
 LEVELS = (0.25, 0.5, 0.75, 1.0)
 ALWAYS = 1.0 - 1e-9  # a share at or above this: the block is skipped at every step (tau null)
@@ -166,40 +166,44 @@ def blocks_of(shares: dict[int, float], signals: dict[int, torch.Tensor | list[f
 
 
 @torch.no_grad()
-def measure(model: ReskipModel, data: Packed, blocks: dict[str, dict], window: int, chunk_size: int) -> dict:
-    """Run an allocation as `reskip eval` runs a policy (one sequence at a time, in chunks, exact cache):
-    its loss, mean skips per step and the step signals it saw.
+def measure(model: ReskipModel, data: Packed, blocks: dict[str, dict], window: int, chunk_size: int,
+            batch_size: int = 4) -> dict:
+    """Run an allocation as `reskip eval` runs a policy (`batch_size` sequences per batch, each row making
+    its own decisions in chunks with the exact cache, `scoring.score_rows`): its loss, mean skips per step
+    and the step signals it saw.
 
     (A batched emulation in the cache-free reference mode, deciding block by block in order since
     w_recent(n) depends only on the blocks before n, gave the same frontier to every printed digit on
-    the bundled model but cost 1.4x the CPU time: it needs one pass per signal-read block, this one
-    pass in all.)"""
+    the bundled model but cost 1.4x the CPU time of scoring one sequence at a time in chunks: it needs
+    one pass per signal-read block, this one pass in all.)"""
     policy = policy_of_allocation(blocks, "budget")
     ce, n_targets, skipped, steps = 0.0, 0, 0, 0
     seen: dict[int, list[float]] = {n: [] for n in policy.eligible if n not in policy.always}
-    for i in range(len(data)):
-        ids, labels = data.input_ids[i : i + 1], data.labels[i : i + 1]
-        logits, trace = score(model, ids, policy, window, chunk_size)
-        ce += ce_sum(logits, labels).item()
+    for i in range(0, len(data), batch_size):
+        ids, labels = data.input_ids[i : i + batch_size], data.labels[i : i + batch_size]
+        logits, traces = score_rows(model, ids, policy, window, chunk_size)
+        for b, trace in enumerate(traces):  # in sequence order, so the signals are listed as one at a time
+            ce += ce_sum(logits[b : b + 1], labels[b : b + 1]).item()
+            skipped += sum(len(t.skipped) for t in trace)
+            steps += len(trace)
+            for t in trace:
+                for n, w in t.w_recent.items():
+                    seen[n].append(w)
         n_targets += int((labels[:, 1:] != -100).sum())
-        skipped += sum(len(t.skipped) for t in trace)
-        steps += len(trace)
-        for t in trace:
-            for n, w in t.w_recent.items():
-                seen[n].append(w)
     return {"ce": ce / n_targets, "mean_skipped": skipped / steps, "signals": seen}
 
 
-def _measure_refit(model, data, blocks: dict, window: int, chunk_size: int) -> tuple[dict, dict]:
+def _measure_refit(model, data, blocks: dict, window: int, chunk_size: int, batch_size: int
+                   ) -> tuple[dict, dict]:
     """Measure an allocation; if it reads any signal, re-read its thresholds from the signals seen under
     it (skipping earlier blocks moves later routers' alpha) and measure again. (blocks, measurement)."""
-    first = measure(model, data, blocks, window, chunk_size)
+    first = measure(model, data, blocks, window, chunk_size, batch_size)
     if all(blk["tau"] is None for blk in blocks.values()):
         return blocks, first
     refit = {n: {"fraction": blk["fraction"],
                  "tau": None if blk["tau"] is None else threshold(first["signals"][int(n)], blk["fraction"])}
              for n, blk in blocks.items()}
-    return refit, measure(model, data, refit, window, chunk_size)
+    return refit, measure(model, data, refit, window, chunk_size, batch_size)
 
 
 def _measured(m: dict, ce_full: float) -> dict:
@@ -223,13 +227,14 @@ def calibrate_budgets(model: ReskipModel, data: Packed, budgets, window: int, ch
             continue
         shares, predicted = found
         t0 = time.perf_counter()
-        signal_blocks, measured = _measure_refit(model, data, blocks_of(shares, curves.signals), window, chunk_size)
+        signal_blocks, measured = _measure_refit(model, data, blocks_of(shares, curves.signals), window, chunk_size,
+                                                 batch_size)
         candidates = {"signal": {"blocks": signal_blocks, "predicted_cost": predicted,
                                  "measured": _measured(measured, curves.ce_full)}}
         static = static_at(curves.points, b)
         if static is not None:
             static_blocks, measured = _measure_refit(model, data, blocks_of(static, curves.signals), window,
-                                                     chunk_size)
+                                                     chunk_size, batch_size)
             candidates["static"] = {"blocks": static_blocks, "measured": _measured(measured, curves.ce_full)}
         chosen = min(candidates, key=lambda k: candidates[k]["measured"]["ce"])
         frontier.append({"budget": b, "chosen": chosen, "blocks": candidates[chosen]["blocks"],

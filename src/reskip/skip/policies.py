@@ -18,6 +18,9 @@ class SkipPolicy:
     """Decides, per step and block, whether block n is replaced by identity."""
 
     name = "none"
+    # pure: each decision a function of skip()'s arguments alone (no state advanced by asking), so the
+    # rows of a batch may decide in any order (`runtime.RowsRuntime`). False unless a policy says so.
+    pure = False
 
     def skip(self, n: int, w_recent: float, skipped_so_far: int, step: int) -> bool:
         return False
@@ -37,6 +40,7 @@ class SkipPolicy:
 
 class NoSkip(SkipPolicy):
     name = "none"
+    pure = True
 
     def reads_signal(self, n):
         return False
@@ -54,6 +58,7 @@ class ReSkip(SkipPolicy):
     max_skips: int
     name: str = "reskip"
     always: frozenset[int] = frozenset()
+    pure = True
 
     def skip(self, n, w_recent, skipped_so_far, step):
         if n not in self.eligible or skipped_so_far >= self.max_skips:
@@ -135,6 +140,7 @@ class PlannedSkip(SkipPolicy):
 
     steps: list[frozenset[int]]
     name: str = "planned"
+    pure = True
 
     def skip(self, n, w_recent, skipped_so_far, step):
         return n in self.steps[step]

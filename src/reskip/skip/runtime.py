@@ -5,7 +5,8 @@ block n runs, its router has produced alpha_{n-1 -> n} for the step's tokens; th
 keeps, per block, the most recent W of these values per sequence (the window may reach
 into earlier steps), forms w_recent(n), and asks the policy whether to skip block n for
 this step. The whole batch shares one decision: w_recent is averaged over the batch's
-sequences (padding excluded), so a skipped block saves compute for every row.
+sequences (padding excluded), so a skipped block saves compute for every row. `RowsRuntime`
+instead lets each row of a batch of independent sequences decide for itself (evaluation).
 """
 
 from __future__ import annotations
@@ -123,3 +124,42 @@ class SkipRuntime:
 
     def skipped_per_step(self) -> list[int]:
         return [len(t.skipped) for t in self.trace]
+
+
+class RowsRuntime:
+    """B sequences in one batch, each deciding as it would alone: row b has its own `SkipRuntime`
+    (its own history, w_recent and skipped-so-far count), fed its own row of alpha. `decide` returns
+    True when every row skips block n (its layers do not run), False when none does, and the B
+    per-row decisions otherwise (the block runs and is the identity on the skipping rows: the depth
+    pass's per-row masks). Only for a policy whose decisions are a pure function of its arguments
+    (`SkipPolicy.pure`): rows are asked in turn, not in the order scoring each alone would ask."""
+
+    def __init__(self, policy: Decider, window: int, batch: int, track_all: bool = False):
+        if not getattr(policy, "pure", False):
+            raise ValueError(f"{type(policy).__name__} keeps state between decisions: its rows cannot decide "
+                             "in one batch (score them one at a time)")
+        self.rows = [SkipRuntime(policy, window, track_all) for _ in range(batch)]
+
+    @property
+    def traces(self) -> list[list[StepTrace]]:
+        """Per row, its steps (`SkipRuntime.trace`)."""
+        return [r.trace for r in self.rows]
+
+    def set_step_mask(self, valid: torch.Tensor | None, new_sequence: bool) -> None:
+        if valid is not None and valid.shape[0] != len(self.rows):
+            raise ValueError(f"a batch of {valid.shape[0]} rows for a runtime of {len(self.rows)}")
+        for b, r in enumerate(self.rows):
+            r.set_step_mask(None if valid is None else valid[b : b + 1], new_sequence)
+
+    def begin_step(self, length: int) -> None:
+        for r in self.rows:
+            r.begin_step(length)
+
+    def decide(self, n: int, alpha: torch.Tensor | None):
+        """alpha: (B, T, n) or None (block 1); returns True, False or B bools (see the class)."""
+        if alpha is not None and alpha.shape[0] != len(self.rows):
+            raise ValueError(f"a batch of {alpha.shape[0]} rows for a runtime of {len(self.rows)}")
+        rows = tuple(r.decide(n, None if alpha is None else alpha[b : b + 1]) for b, r in enumerate(self.rows))
+        if all(rows):
+            return True
+        return rows if any(rows) else False

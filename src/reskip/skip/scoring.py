@@ -13,7 +13,7 @@ from transformers import DynamicCache
 from .. import compat
 from ..ar_retrofit.model import ReskipModel
 from .policies import PlannedSkip, SkipPolicy
-from .runtime import StepTrace
+from .runtime import RowsRuntime, StepTrace
 
 
 @torch.no_grad()
@@ -63,6 +63,27 @@ def score_planned(model: ReskipModel, input_ids, plans: list[PlannedSkip], chunk
         for b, r in enumerate(rows):
             traces[b].append(StepTrace(j, lo, hi - lo, sorted(r)))
     return torch.cat(parts, dim=1), traces
+
+
+@torch.no_grad()
+def score_rows(model: ReskipModel, input_ids, policy: SkipPolicy, window: int, chunk_size: int
+               ) -> tuple[torch.Tensor, list[list[StepTrace]]]:
+    """Logits (B, T, V) of B sequences scored together in chunks with the exact cache under a policy that
+    reads the routers' signal, each row deciding from its own signal (`runtime.RowsRuntime`): what `score`
+    computes for each row alone, in one batched pass. A block every row skips at a step does not run; one
+    some rows skip runs and is the identity on them (as in `score_planned`). A row's decisions read its own
+    alpha, equal to the lone row's up to the batched products' rounding: a w_recent within that rounding
+    of tau_n could decide otherwise (the tests compare decisions and logits row by row)."""
+    B, T = input_ids.shape
+    runtime = RowsRuntime(policy, window, B)
+    cache = DynamicCache() if T > chunk_size else None  # one step: no cache, as `score`
+    parts = []
+    with model.stepping(runtime):
+        for lo in range(0, T, chunk_size):
+            out = model(input_ids=input_ids[:, lo : lo + chunk_size], use_cache=cache is not None,
+                        **{compat.cache_kwarg(): cache})
+            parts.append(out.logits)
+    return torch.cat(parts, dim=1), runtime.traces
 
 
 @torch.no_grad()
