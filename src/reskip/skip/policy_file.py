@@ -17,7 +17,6 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ReskipError
 from ..io_atomic import atomic_write_json
 from ..ar_retrofit.adapter_io import fingerprint
 from ..ar_retrofit.model import ReskipModel
