@@ -16,24 +16,27 @@ from .policies import PlannedSkip, SkipPolicy
 from .runtime import RowsRuntime, StepTrace
 
 
+def _steps(model: ReskipModel, input_ids, chunk_size: int | None, attention_mask=None) -> torch.Tensor:
+    """Logits (B, T, V) of the passes under whatever runtime the caller set: one step for the whole text
+    (no cache), or one step per chunk with a cache."""
+    if chunk_size is None or chunk_size >= input_ids.shape[1]:
+        return model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+    cache, parts = DynamicCache(), []
+    for lo in range(0, input_ids.shape[1], chunk_size):
+        hi = lo + chunk_size
+        mask = attention_mask[:, :hi] if attention_mask is not None else None
+        out = model(input_ids=input_ids[:, lo:hi], attention_mask=mask, use_cache=True, **{compat.cache_kwarg(): cache})
+        parts.append(out.logits)
+    return torch.cat(parts, dim=1)
+
+
 @torch.no_grad()
 def score(model: ReskipModel, input_ids, policy: SkipPolicy, window: int, chunk_size: int | None = None,
           attention_mask=None, track_all: bool = False) -> tuple[torch.Tensor, list[StepTrace]]:
     """Logits (B, T, V) under `policy`: one step for the whole text, or one step per chunk (with a cache).
     track_all: every block's w_recent in the trace, not only the ones the policy reads."""
     with model.skipping(policy, window, track_all) as runtime:
-        if chunk_size is None or chunk_size >= input_ids.shape[1]:
-            logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-        else:
-            cache, parts = DynamicCache(), []
-            for lo in range(0, input_ids.shape[1], chunk_size):
-                hi = lo + chunk_size
-                mask = attention_mask[:, :hi] if attention_mask is not None else None
-                out = model(input_ids=input_ids[:, lo:hi], attention_mask=mask, use_cache=True,
-                            **{compat.cache_kwarg(): cache})
-                parts.append(out.logits)
-            logits = torch.cat(parts, dim=1)
-        return logits, list(runtime.trace)
+        return _steps(model, input_ids, chunk_size, attention_mask), list(runtime.trace)
 
 
 @torch.no_grad()
@@ -74,16 +77,9 @@ def score_rows(model: ReskipModel, input_ids, policy: SkipPolicy, window: int, c
     some rows skip runs and is the identity on them (as in `score_planned`). A row's decisions read its own
     alpha, equal to the lone row's up to the batched products' rounding: a w_recent within that rounding
     of tau_n could decide otherwise (the tests compare decisions and logits row by row)."""
-    B, T = input_ids.shape
-    runtime = RowsRuntime(policy, window, B)
-    cache = DynamicCache() if T > chunk_size else None  # one step: no cache, as `score`
-    parts = []
+    runtime = RowsRuntime(policy, window, input_ids.shape[0])
     with model.stepping(runtime):
-        for lo in range(0, T, chunk_size):
-            out = model(input_ids=input_ids[:, lo : lo + chunk_size], use_cache=cache is not None,
-                        **{compat.cache_kwarg(): cache})
-            parts.append(out.logits)
-    return torch.cat(parts, dim=1), runtime.traces
+        return _steps(model, input_ids, chunk_size), runtime.traces
 
 
 @torch.no_grad()
