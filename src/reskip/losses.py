@@ -91,6 +91,13 @@ def _head_logits(h: torch.Tensor, weight, bias, softcap) -> tuple[torch.Tensor, 
     return (t * softcap).float(), (1 - t.float() ** 2)
 
 
+@torch.no_grad()
+def head_logits(h: torch.Tensor, head) -> torch.Tensor:
+    """float32 logits (B, T, V) of final hidden states h (B, T, d) through head = `compat.output_head(model)`:
+    the same operations as the family's forward, so the same values as its `.logits`."""
+    return _head_logits(h, *head)[0]
+
+
 def _to_hidden(dz: torch.Tensor, cap: torch.Tensor | None, weight, dtype) -> torch.Tensor:
     """A chunk's loss gradient w.r.t. its logits (B, c, V), in place through the soft-cap if any, ->
     the gradient w.r.t. the hidden states the head read (B, c, d)."""

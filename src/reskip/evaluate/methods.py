@@ -22,7 +22,8 @@ import torch
 
 from ..data.packing import Packed
 from ..errors import ReskipError
-from ..losses import ce_sum, kl_sum, teacher_targets
+from ..compat import output_head
+from ..losses import head_logits, next_token_targets, teacher_targets
 from ..ar_retrofit.model import ReskipModel
 from ..skip.policies import NoSkip, SkipPolicy, plan
 from ..skip.policy_file import PolicyFile, make_policy
@@ -141,23 +142,47 @@ class References:
     margin: torch.Tensor  # top-1 minus top-2 of z_full (1, T)
 
 
-def _tally_of(z: torch.Tensor, ref: References, skipped: list, lengths: list, is_backbone: bool, cost) -> Tally:
-    """One sequence's metrics of logits z (1, T, V). cost: (executed, dense) layer FLOPs of its steps."""
+def _chunk_positions(vocab: int) -> int:
+    """Positions per slice of a sequence's metrics: (c, V) float32 temporaries of at most 16 MiB, below
+    glibc's largest mmap threshold (32 MiB), so their memory is reused instead of mapped, faulted and
+    unmapped on every operation (E31: that had cost more than the arithmetic)."""
+    return max(1, (4 << 20) // vocab)
+
+
+def _tally_of(z: torch.Tensor, ref: References, skipped: list, lengths: list, is_backbone: bool, cost,
+              chunk: int | None = None) -> Tally:
+    """One sequence's metrics of logits z (1, T, V), `chunk` positions at a time: `kl_sum`'s formula, and
+    cross-entropy as logsumexp(z) - z[target], within 5e-8 of float64 where torch's float32 `cross_entropy`
+    (`ce_sum`) reads 2-4e-6 low on a 49k vocabulary (E31). cost: (executed, dense) layer FLOPs of its steps."""
     t = Tally()
-    labels = ref.labels
-    t.ce = ce_sum(z, labels).item()
-    t.targets = int((labels[:, 1:] != -100).sum())
-    t.positions = labels.numel()
-    top1 = z.argmax(-1)
-    t.agree = int((top1 == ref.back_top1).sum())
-    if not is_backbone:  # the backbone's KL to itself is 0 exactly, and it has no margin check
-        t.kl = kl_sum(ref.teacher, z).item()
-        eps = (z - ref.z_full).abs().amax(-1)  # (1, T)
-        holds = 2 * eps < ref.margin
-        changed = top1 != ref.full_top1
-        t.margin_holds = int(holds.sum())
-        t.changed_where_holds = int((holds & changed).sum())
-        t.changed = int(changed.sum())
+    targets = next_token_targets(ref.labels)[0]  # (T,)
+    t.targets = int((ref.labels[:, 1:] != -100).sum())
+    t.positions = ref.labels.numel()
+    p, neg_entropy = ref.teacher
+    c = chunk or _chunk_positions(z.shape[-1])
+    ce = kl = 0.0
+    for s in range(0, z.shape[1], c):
+        zc = z[0, s : s + c].float()  # (c, V)
+        tc = targets[s : s + c]
+        lse = zc.logsumexp(-1)  # (c,)
+        has = tc != -100
+        z_target = zc.gather(-1, tc.clamp_min(0)[:, None])[:, 0]  # (c,); -100 read as 0, then dropped
+        ce += (lse - z_target)[has].sum().item()  # -log softmax(z)[target] over the labelled positions
+        top1 = zc.argmax(-1)  # (c,)
+        t.agree += int((top1 == ref.back_top1[0, s : s + c]).sum())
+        if is_backbone:  # the backbone's KL to itself is 0 exactly, and it has no margin check
+            continue
+        # KL(p || q) = sum_v p log p - sum_v p z + logsumexp(z), as sum_v p = 1 (see `kl_sum`)
+        kl += (lse.sum() - torch.linalg.vecdot(p[0, s : s + c], zc).sum()).item()
+        eps = (zc - ref.z_full[0, s : s + c]).abs_().amax(-1)  # (c,)
+        holds = 2 * eps < ref.margin[0, s : s + c]
+        changed = top1 != ref.full_top1[0, s : s + c]
+        t.margin_holds += int(holds.sum())
+        t.changed_where_holds += int((holds & changed).sum())
+        t.changed += int(changed.sum())
+    t.ce = ce
+    if not is_backbone:
+        t.kl = neg_entropy.item() + kl
         t.margin_measured = True
     t.executed, t.dense = cost(skipped, lengths)
     t.skipped_per_step = [len(s) for s in skipped]
@@ -172,7 +197,7 @@ def _decisions(steps) -> tuple:
 @torch.no_grad()
 def evaluate_methods(model: ReskipModel, data: Packed, methods: list[Method], window: int, chunk_size: int,
                      policy_file: PolicyFile | None = None, seed: int = 0, progress=None, group: int = 4,
-                     _seen: dict | None = None) -> dict[str, dict]:
+                     _seen: dict | None = None, _hidden: dict | None = None) -> dict[str, dict]:
     """Every method on every sequence of `data`, `group` sequences at a time (their references held
     together). A method that reads no signal has its decisions planned first (`policies.plan`) and the
     group's sequences scored in one batch (`scoring.score_planned`); a sequence already scored with
@@ -188,6 +213,8 @@ def evaluate_methods(model: ReskipModel, data: Packed, methods: list[Method], wi
     methods = [m for m in methods if m.name != "matched"]
     tallies = {m.name: Tally() for m in methods}
     seen = {} if _seen is None else _seen  # (sequence, decisions per step) -> that sequence's Tally
+    hidden = {} if _hidden is None else _hidden  # group's rows -> (backbone's, retrofit's) final hidden states
+    head = output_head(model.base_model)
     model.eval()
 
     def cost(skipped, lengths):
@@ -228,11 +255,17 @@ def evaluate_methods(model: ReskipModel, data: Packed, methods: list[Method], wi
         return out
 
     def references(rows: list[int]) -> dict[int, References]:
-        """The group's reference logits, each model in one batched pass over the group's sequences."""
-        ids = data.input_ids[rows]
-        with model.side_channel_disabled():
-            z_back = model(input_ids=ids, use_cache=False).logits  # (G, T, V)
-        z_full = model(input_ids=ids, use_cache=False).logits
+        """The group's reference logits, each model in one batched pass over the group's sequences. Their
+        final hidden states are kept (a (G, T, d) pair per group, d/V of the logits' size), so a second
+        round over the same groups (the matched baselines) only reapplies the LM head: the same
+        operation on the same tensors, so the same logits."""
+        key = tuple(rows)
+        if key not in hidden:
+            ids = data.input_ids[rows]
+            with model.side_channel_disabled():
+                h_back = model(input_ids=ids, use_cache=False, hidden_only=True).last_hidden_state  # (G, T, d)
+            hidden[key] = (h_back, model(input_ids=ids, use_cache=False, hidden_only=True).last_hidden_state)
+        z_back, z_full = (head_logits(h, head) for h in hidden[key])  # (G, T, V) each
         out = {}
         for b, i in enumerate(rows):
             zb, zf = z_back[b : b + 1], z_full[b : b + 1]
@@ -262,7 +295,7 @@ def evaluate_methods(model: ReskipModel, data: Packed, methods: list[Method], wi
                           and m.name not in {e.name for e in extra}]
         if extra:
             more = evaluate_methods(model, data, [Method("backbone", None), *extra], window, chunk_size, None, seed,
-                                    group=group, _seen=seen)
+                                    group=group, _seen=seen, _hidden=hidden)
             for m in extra:
                 # `more` holds its own backbone row over the same sequences, so its ratios already hold
                 results[m.name] = {**more[m.name], "matched": True}

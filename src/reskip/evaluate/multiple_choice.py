@@ -152,9 +152,11 @@ def _choices_ll(model, tokenizer, ctx: list[int], conts: list[list[int]], policy
     for i, c in enumerate(conts):  # right padding: real tokens keep positions 0..n-1
         ids[i, : len(ctx) + len(c)] = torch.tensor(ctx + c)
         mask[i, : len(ctx) + len(c)] = 1
-    logp = _logits(model, ids, policy, window, mask).float().log_softmax(-1)
+    # Only the positions that predict a choice's tokens: log_softmax over (B, T, V) would be most of the work.
+    first = len(ctx) - 1
+    logp = _logits(model, ids, policy, window, mask)[:, first:].float().log_softmax(-1)  # (B, width - first, V)
     ll = []
     for i, c in enumerate(conts):
-        pos = torch.arange(len(ctx) - 1, len(ctx) + len(c) - 1)
+        pos = torch.arange(len(c))
         ll.append(float(logp[i, pos, torch.tensor(c)].sum()))
     return ll

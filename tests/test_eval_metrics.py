@@ -1,0 +1,97 @@
+"""The eval stage's per-sequence metrics: computed a slice of positions at a time, equal to the whole-logits
+formulas; references rebuilt from kept final hidden states, equal to the model's own logits."""
+
+import contextlib
+
+import pytest
+import torch
+
+from conftest import VOCAB, batch, tiny_model
+from reskip import RetrofitConfig, retrofit
+from reskip.compat import output_head
+from reskip.data.packing import Packed
+from reskip.evaluate.methods import Method, References, Tally, _tally_of, evaluate_methods
+from reskip.losses import ce_sum, head_logits, kl_sum, teacher_targets
+from reskip.skip.policies import StaticSkip
+
+
+def _refs(T=11, V=37, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.randint(0, V, (1, T), generator=g)
+    labels[0, 3] = labels[0, 7] = -100  # unlabelled positions (padding) drop out of CE only
+    zb, zf = torch.randn(1, T, V, generator=g) * 3, torch.randn(1, T, V, generator=g) * 3
+    top2 = zf.topk(2, dim=-1).values
+    ref = References(labels, zb, teacher_targets(zb), zb.argmax(-1), zf, zf.argmax(-1), top2[..., 0] - top2[..., 1])
+    return ref, zf + 0.4 * torch.randn(1, T, V, generator=g)  # a method's logits near the retrofit's
+
+
+def _whole(z, ref) -> Tally:
+    """The metrics as the eval stage computed them before slicing: one operation over (1, T, V)."""
+    t = Tally(ce=ce_sum(z, ref.labels).item(), kl=kl_sum(ref.teacher, z).item())
+    top1 = z.argmax(-1)
+    t.agree = int((top1 == ref.back_top1).sum())
+    holds = 2 * (z - ref.z_full).abs().amax(-1) < ref.margin
+    changed = top1 != ref.full_top1
+    t.margin_holds, t.changed_where_holds, t.changed = int(holds.sum()), int((holds & changed).sum()), int(changed.sum())
+    return t
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 4, 11, 64])
+def test_metrics_in_slices_equal_the_whole_logits_formulas(chunk):
+    ref, z = _refs()
+    want = _whole(z, ref)
+    got = _tally_of(z, ref, [[1], []], [6, 5], False, lambda s, l: (1.0, 2.0), chunk=chunk)
+    assert got.margin_holds > 0 and got.changed > 0  # the check is exercised, not vacuous
+    assert (got.agree, got.margin_holds, got.changed_where_holds, got.changed) == (
+        want.agree, want.margin_holds, want.changed_where_holds, want.changed)
+    assert got.ce == pytest.approx(want.ce, rel=1e-6) and got.kl == pytest.approx(want.kl, rel=1e-5, abs=1e-5)
+    assert got.targets == 10 - 2 and got.positions == 11 and got.skipped_per_step == [1, 0]
+    back = _tally_of(ref.z_back, ref, [[]], [11], True, lambda s, l: (1.0, 1.0), chunk=chunk)
+    assert back.ce == pytest.approx(ce_sum(ref.z_back, ref.labels).item(), rel=1e-6)
+    assert back.agree == 11 and back.kl == 0.0 and not back.margin_measured
+
+
+def _rm(family):
+    model = tiny_model(family, init_std=0.3)
+    if family == "gemma3":
+        model.config.final_logit_softcapping = 5.0  # the soft-capped head, as Gemma 2's config sets one
+    rm = retrofit(model, RetrofitConfig(block_size=2, rank=8, up_init_std=0.3))
+    rm.set_curriculum(1.0)
+    return rm.eval()
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3"])
+def test_logits_from_hidden_states_are_the_model_s_own(family):
+    rm = _rm(family)
+    ids, _ = batch(pad=False)
+    with torch.no_grad():
+        for off in (True, False):  # the backbone, then the retrofit
+            with rm.side_channel_disabled() if off else contextlib.nullcontext():
+                h = rm(input_ids=ids, use_cache=False, hidden_only=True).last_hidden_state
+                z = rm(input_ids=ids, use_cache=False).logits
+            assert torch.equal(head_logits(h, output_head(rm.base_model)), z.float())
+
+
+def test_matched_baselines_reuse_the_references_hidden_states(monkeypatch):
+    """The second round (the matched baselines) runs no backbone or retrofit pass of its own for its
+    references, and its figures are those of the same methods asked for in the first round."""
+    rm = _rm("llama")
+    ids = torch.randint(3, VOCAB, (6, 16), generator=torch.Generator().manual_seed(3))
+    data = Packed(ids, ids.clone(), ["tiny"] * 6)
+    methods = [Method("backbone", None), Method("static:2", StaticSkip({2}))]
+    calls = []
+    forward = rm.forward
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs.get("hidden_only", False))
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(rm, "forward", counting)
+    hidden = {}
+    first = evaluate_methods(rm, data, methods, window=4, chunk_size=4, group=4, _hidden=hidden)
+    assert sum(calls) == 2 * 2  # two groups (4 + 2 sequences), a backbone and a retrofit pass each
+    again = evaluate_methods(rm, data, methods, window=4, chunk_size=4, group=4, _hidden=hidden)
+    assert sum(calls) == 2 * 2  # no reference pass the second time
+    for name in first:
+        assert {k: v for k, v in first[name].items() if k != "wall_s"} == {
+            k: v for k, v in again[name].items() if k != "wall_s"}
