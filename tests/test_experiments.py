@@ -42,6 +42,9 @@ def test_variants_trains_every_arm_alike_and_states_each_claim(tiny):
     # observer never changes the forward pass: its retrofit is the backbone at every step
     assert all(e["ppl"] == pytest.approx(e["ppl_backbone"], rel=1e-6) for e in curves["observer"])
     assert len(r["claims"]) == 4 and all(c["verdict"] in ("held", "did not hold", "undecided") for c in r["claims"])
+    # the skip-branch KL at the first and last validations only: an arm's A(n) is its calibration's
+    log = [json.loads(x) for x in (folder / "arms" / "recipe" / "train_log.jsonl").read_text().splitlines()]
+    assert [("skip_kl" in e) for e in log if e["kind"] == "eval"] == [True, False, True]
     md = (folder / "results.md").read_text()
     assert "| claim | what was measured | verdict |" in md and "gamma_free" in md
     # run again: the finished arms are read back, not retrained
@@ -116,6 +119,9 @@ def test_block_size_measures_each_size_at_the_same_layers_skipped(tiny):
     frontier = r["arms"]["2 layers"]["frontier"]
     assert frontier and frontier[0]["budget"] == 1.0
     assert len(r["claims"]) == 1  # no 4-layer arm: only "every size works" can be stated
+    # its claims are about perplexity and the frontier: no signal test, and the table says so
+    assert all(a["signal_test"] is None for a in r["arms"].values())
+    assert "not measured" in (out / "experiments" / "block-size" / "results.md").read_text()
 
 
 def test_placement_answers_the_incident_with_a_measured_probe(tiny):

@@ -288,3 +288,70 @@ def test_report_to_tensorboard_logs_every_scalar_of_the_log(tiny_run, tmp_path):
     assert acc.Scalars("val/ppl_full")[-1].value == pytest.approx(last_val["ppl_full"], rel=1e-6)
     with pytest.raises(ReskipError, match="report_to must be one of"):
         tiny_run(report_to="wandb").validate()
+
+
+def _reference_validation(rm, data, batch_size):
+    """Validation's backbone figures as they were computed before the states were kept: the backbone's own
+    `.logits`, each KL from them (the formulas of `losses`)."""
+    from reskip.losses import ce_sum, kl_sum
+
+    ce_b, kl_f = 0.0, 0.0
+    with torch.no_grad():
+        for i in range(0, len(data), batch_size):
+            ids, labels = data.input_ids[i : i + batch_size], data.labels[i : i + batch_size]
+            with rm.side_channel_disabled():
+                teacher = rm(input_ids=ids, use_cache=False).logits
+            ce_b += ce_sum(teacher, labels).item()
+            kl_f += kl_sum(teacher, rm(input_ids=ids, use_cache=False).logits).item()
+    return ce_b, kl_f
+
+
+def test_validation_keeps_the_backbones_states_and_gives_the_same_figures(family, monkeypatch):
+    """Training's validations share one dict of the frozen backbone's final hidden states: the first fills it,
+    later ones run no backbone pass, and every figure equals validation without it (and the backbone's own
+    logits), Gemma's soft-cap included."""
+    from reskip.data.packing import Packed
+    from reskip.train.validation import evaluate
+
+    model = tiny_model(family)
+    if family == "gemma3":
+        model.config.final_logit_softcapping = 5.0  # the soft-capped head, as Gemma 2's config sets one
+    rm = retrofit(model, RetrofitConfig(block_size=2, rank=8, up_init_std=0.3))
+    ids, _ = batch(seed=4, bsz=3, seq=12, pad=False)
+    labels = ids.clone()
+    labels[0, :3] = -100
+    data = Packed(ids, labels, ["a"] * 3)
+    plain = evaluate(rm, data, batch_size=2)
+    kept = {}
+    first = evaluate(rm, data, batch_size=2, teacher_states=kept)
+    assert sorted(kept) == [(0, 2), (2, 2)] and kept[(0, 2)].shape == (2, 12, rm.base_model.config.hidden_size)
+    entered = []
+    original = type(rm).side_channel_disabled
+    monkeypatch.setattr(type(rm), "side_channel_disabled", lambda self: (entered.append(1), original(self))[1])
+    second = evaluate(rm, data, batch_size=2, teacher_states=kept)
+    assert not entered  # no backbone pass: its states were read back
+    assert plain == first == second
+    ce_b, kl_f = _reference_validation(rm, data, 2)
+    n_targets = int((labels[:, 1:] != -100).sum())
+    assert plain["ppl_backbone"] == math.exp(ce_b / n_targets) and plain["kl_full"] == kl_f / ids.numel()
+
+
+def test_skip_kl_at_the_ends_only_logs_less_and_trains_the_same(tiny_run, tmp_path):
+    """skip_kl_curve: false (the experiments' arms) computes the skip-branch KL at the first and last
+    validations only; the adapter and every other validation figure are the same as with it everywhere."""
+    train(tiny_run(), tmp_path / "every", show_progress=False)
+    train(tiny_run(skip_kl_curve=False), tmp_path / "ends", show_progress=False)
+    a = (tmp_path / "every" / "adapter" / WEIGHTS_NAME).read_bytes()
+    b = (tmp_path / "ends" / "adapter" / WEIGHTS_NAME).read_bytes()
+    assert a == b
+
+    def evals(run):
+        return [r for r in map(json.loads, (tmp_path / run / "train_log.jsonl").read_text().splitlines())
+                if r["kind"] == "eval"]
+
+    every, ends = evals("every"), evals("ends")
+    assert [("skip_kl" in r) for r in ends] == [True, False, True] and all("skip_kl" in r for r in every)
+    for x, y in zip(every, ends):
+        assert {k: v for k, v in x.items() if k != "skip_kl" or "skip_kl" in y} == y
+    with pytest.raises(ReskipError, match="skip_kl_curve must be true or false"):
+        tiny_run(skip_kl_curve="no").validate()

@@ -49,14 +49,16 @@ class Arm:
 
 @dataclass
 class Measure:
-    """What each arm gets measured with: calibration and test sequences, the blocks of the signal test
-    (None: every block with a router that is not the last), and the budget frontier's budgets (empty: none)."""
+    """What each arm gets measured with: calibration and test sequences, whether it gets the signal test
+    (`block-size` does not: its claims are about perplexity and the frontier) and on which blocks (None:
+    every block with a router that is not the last), and the budget frontier's budgets (empty: none)."""
 
     calib_sequences: int
     test_sequences: int
     signal_blocks: list[int] | None = None
     budgets: tuple[float, ...] = ()
     chunk_size: int = 32
+    signal: bool = True
 
 
 def curve(log: list[dict]) -> list[dict]:
@@ -90,11 +92,13 @@ def run_arm(arm: Arm, base: TrainConfig, folder: Path, measure: Measure, show=pr
     opened = open_run(folder)
     model = opened.model
     n_blocks = model.n_blocks
-    blocks = measure.signal_blocks or list(range(2, n_blocks))
-    splits, _ = load_splits(cfg.data)
-    test = pack(opened.tokenizer, splits["test"], cfg.seq_len, measure.test_sequences, seed=0)
-    show(f"[{arm.name}] signal test on blocks {blocks}, {len(test)} test sequences")
-    st = signal_test(model, test, blocks, policy.data["window"])
+    st = None
+    if measure.signal:
+        blocks = measure.signal_blocks or list(range(2, n_blocks))
+        splits, _ = load_splits(cfg.data)
+        test = pack(opened.tokenizer, splits["test"], cfg.seq_len, measure.test_sequences, seed=0)
+        show(f"[{arm.name}] signal test on blocks {blocks}, {len(test)} test sequences")
+        st = signal_test(model, test, blocks, policy.data["window"])
     log = read_log(RunFolder(folder).train_log)
     evals = curve(log)
     last = records(log, "eval")[-1]
@@ -157,9 +161,11 @@ def _spearman_I_A(blocks: list[dict]) -> float | None:
     return spearman([b["I"] for b in rows], [b["A"] for b in rows])
 
 
-def beats_random(arm: dict, p: float | None = None) -> list[int]:
+def beats_random(arm: dict, p: float | None = None) -> list[int] | None:
     """Blocks where the signal test finds w_recent's positions cheaper to skip than random ones (at rate p:
-    the test's largest by default), outside the 95% bootstrap interval."""
+    the test's largest by default), outside the 95% bootstrap interval; None when the arm had no signal test."""
     st = arm["signal_test"]
+    if st is None:
+        return None
     p = max(st["rates"]) if p is None else p
     return [r["block"] for r in st["blocks"] if r["p"] == p and r["verdict"] == "signal beats random"]

@@ -49,7 +49,7 @@ def arms_table(arms: dict) -> list[str]:
         beats = beats_random(a)
         out.append(f"| {name} | {a['params']:,} | {a['worst_ppl']:.3f} ({a['worst_step']}) | {a['final_ppl']:.3f} "
                    f"| {a['final_kl']:.4f} | {'-' if min_a is None else f'{min_a:.3f}'} "
-                   f"| {'-' if med is None else f'{med:.4f}'} | {beats or 'none'} |")
+                   f"| {'-' if med is None else f'{med:.4f}'} | {'not measured' if beats is None else beats or 'none'} |")
     return out
 
 

@@ -55,6 +55,8 @@ def _base(options: ExperimentOptions, check: bool = True):
     if "eval_every" not in overrides:  # ten validations per arm: the curve shows the damage on the way
         steps = overrides.get("steps", PRESETS[options.preset]["train"].get("steps", TrainConfig.steps))
         overrides["eval_every"] = max(1, steps // 10)
+    # an arm's A(n) is its calibration's; the skip-branch KL at every validation would be one more pass per block
+    overrides.setdefault("skip_kl_curve", False)
     pc = PipelineConfig(options.preset, options.model, list(options.data), overrides)
     if check:
         pc.check()
@@ -94,8 +96,9 @@ def _arms(options: ExperimentOptions, folder: Path, show) -> dict:
     for arm, cfg in configs:  # every arm's configuration is checked before the first trains
         cfg.validate()
         n_blocks = check_against_backbone(cfg)
-        budgets = block_size.budgets_for(n_layers, n_blocks) if options.name == "block-size" else ()
-        measures[arm.name] = Measure(calib, test, budgets=budgets)
+        sizes = options.name == "block-size"
+        budgets = block_size.budgets_for(n_layers, n_blocks) if sizes else ()
+        measures[arm.name] = Measure(calib, test, budgets=budgets, signal=not sizes)
     results = {}
     for k, (arm, _) in enumerate(configs, start=1):
         show(f"[experiment {options.name}] arm {k}/{len(configs)}: {arm.name}")

@@ -78,6 +78,9 @@ class TrainConfig:
     report_to: str | None = None
     eval_every: int = 25
     eval_sequences: int = 16
+    # The skip-branch KL of every block at every validation (one more pass per block); false: at the first and
+    # the last only, what the summary reads (the experiments' arms, whose A(n) calibration measures)
+    skip_kl_curve: bool = True
     save_every: int = 25
     log_every: int = 1
     seed: int = 0
@@ -108,6 +111,7 @@ class TrainConfig:
             need(isinstance(v, int) and not isinstance(v, bool), f"{name} must be an integer, got {v!r}")
         need(isinstance(self.trust_remote_code, bool), f"trust_remote_code must be true or false, got {self.trust_remote_code!r}")
         need(isinstance(self.recompute, bool), f"recompute must be true or false, got {self.recompute!r}")
+        need(isinstance(self.skip_kl_curve, bool), f"skip_kl_curve must be true or false, got {self.skip_kl_curve!r}")
         need(self.report_to in REPORT_TO, f"report_to must be one of {REPORT_TO} (null: none), got {self.report_to!r}")
         need(self.model is None or isinstance(self.model, str), f"model must be a name or path, got {self.model!r}")
         need(isinstance(self.data, list) and all(isinstance(d, str) for d in self.data),

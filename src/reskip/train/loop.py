@@ -123,14 +123,17 @@ def train(
             if cfg.report_to:
                 accelerator.log(scalars(rec), step=rec["step"])
 
+    teacher_states = {}  # the frozen backbone's final hidden states on val_data, kept across validations
+
     def run_eval(step):
         if main:
             model.set_curriculum(curriculum(step, cfg.steps, cfg.hold_frac, cfg.ramp_end_frac))
             # With chunked losses (the memory-lean recipe) validation scores one sequence at a time, so it holds
             # (1, T, V) logits, not the micro-batch's (B, T, V): otherwise it would set the run's peak.
             val_batch = 1 if cfg.loss_chunk else max(1, cfg.batch_size // max(1, cfg.grad_accum))
+            skip_kl = cfg.skip_kl_curve or step in (0, cfg.steps)
             log({"kind": "eval", "step": step, "c": model.side_channel.curriculum, "tokens_seen": tokens_seen,
-                 **evaluate(model, val_data, batch_size=val_batch)})
+                 **evaluate(model, val_data, batch_size=val_batch, skip_kl=skip_kl, teacher_states=teacher_states)})
 
     if start == 0:
         run_eval(0)

@@ -6,34 +6,46 @@ import math
 
 import torch
 
+from ..compat import output_head
 from ..data.packing import Packed
-from ..losses import ce_sum, entropy_per_block, kl_sum
+from ..losses import ce_sum, entropy_per_block, head_logits, kl_sum, teacher_targets
 from ..ar_retrofit.model import ReskipModel
 
 
 @torch.no_grad()
-def evaluate(model: ReskipModel, data: Packed, batch_size: int = 4, skip_kl: bool = True) -> dict:
+def evaluate(model: ReskipModel, data: Packed, batch_size: int = 4, skip_kl: bool = True,
+             teacher_states: dict | None = None) -> dict:
     """Perplexity of the full path and the backbone, KL(backbone || full), alpha entropy per block
     (beside its maximum log n), the skip-branch KL(backbone || block n as identity) per block, and the
-    routing signal: the token-level std of alpha_{n-1 -> n} and the norm |w_n| of each router's query."""
+    routing signal: the token-level std of alpha_{n-1 -> n} and the norm |w_n| of each router's query.
+
+    teacher_states: a dict kept across calls on the same data (training's validations): the backbone's
+    final hidden states per batch, (B, T, d), filled by the first call, so that later ones only reapply
+    the LM head. The backbone is frozen, so they are the same values (`losses.head_logits`: the same
+    operations as its forward), without a backbone pass per validation."""
     n_blocks = model.n_blocks
     sums = {"ce_full": 0.0, "ce_backbone": 0.0, "kl_full": 0.0}
     ent = {n: 0.0 for n in range(2, n_blocks + 1)}
     prev = {n: [] for n in range(2, n_blocks + 1)}  # alpha_{n-1 -> n} per token
     skip = {k: 0.0 for k in range(1, n_blocks + 1)}
     n_targets, n_positions = 0, 0
+    cache = {} if teacher_states is None else teacher_states
+    head = output_head(model.base_model)
     was_training = model.training
     model.eval()
     for i in range(0, len(data), batch_size):
         ids, labels = data.input_ids[i : i + batch_size], data.labels[i : i + batch_size]
-        with model.side_channel_disabled():
-            teacher = model(input_ids=ids, use_cache=False).logits
+        if (i, batch_size) not in cache:
+            with model.side_channel_disabled():
+                cache[(i, batch_size)] = model(input_ids=ids, use_cache=False, hidden_only=True).last_hidden_state
+        teacher = head_logits(cache[(i, batch_size)], head)  # (B, T, V)
+        target = teacher_targets(teacher)  # p and sum p log p once per batch, for every KL below
         with model.capturing() as captured:
             full = model(input_ids=ids, use_cache=False, output_alphas=True)
             cap = captured()
         sums["ce_full"] += ce_sum(full.logits, labels).item()
         sums["ce_backbone"] += ce_sum(teacher, labels).item()
-        sums["kl_full"] += kl_sum(teacher, full.logits).item()
+        sums["kl_full"] += kl_sum(target, full.logits).item()
         positions = ids.numel()
         for n, h in entropy_per_block(full.alphas).items():
             ent[n] += h * positions
@@ -42,7 +54,7 @@ def evaluate(model: ReskipModel, data: Packed, batch_size: int = 4, skip_kl: boo
         if skip_kl:
             for k in skip:
                 with model.replaying(cap, k):
-                    skip[k] += kl_sum(teacher, model(input_ids=ids, use_cache=False).logits).item()
+                    skip[k] += kl_sum(target, model(input_ids=ids, use_cache=False).logits).item()
         n_targets += int((labels[:, 1:] != -100).sum())
         n_positions += positions
     model.train(was_training)
