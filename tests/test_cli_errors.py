@@ -34,6 +34,8 @@ BAD = [
     (["experiment", "variants", "--model", MISSING, "--out", "{tmp}/e"], "cannot find model"),
     (["experiment", "placement", "--budget-bytes", "0", "--out", "{tmp}/e"], "budget-bytes"),
     (["experiment", "variants", "--model", "{model}", "--steps", "0", "--out", "{tmp}/e"], "steps"),
+    (["experiment", "variants", "--model", "{model}", "--block-size", "2", "--arms", "recipe", "nope", "--out", "{tmp}/e"], "no arm 'nope'"),
+    (["experiment", "placement", "--arms", "recipe", "--out", "{tmp}/e"], "has no arms"),
     (["train", "--lr", ".nan", "--out", "{tmp}/t"], "lr must be a finite number"),
     (["train", "--lr", "fast", "--out", "{tmp}/t"], "lr must be a finite number"),
     (["train", "--boundaries", "a", "--out", "{tmp}/t"], "--boundaries"),

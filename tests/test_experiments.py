@@ -56,6 +56,29 @@ def test_variants_trains_every_arm_alike_and_states_each_claim(tiny):
     assert again["claims"] == r["claims"]
 
 
+def test_arms_run_in_separate_calls_and_the_last_writes_the_results(tiny, capsys):
+    """--arms: two calls (as two processes sharing OUT would) train two arms each; the first writes no results,
+    the second, finding every arm finished, writes them; arms are named by name or folder slug."""
+    tmp, model, corpus = tiny
+    out = tmp / "armsout"
+    args = ["experiment", "variants", "--model", str(model), "--data", str(corpus), "--out", str(out), *TINY[:-1]]
+    folder = out / "experiments" / "variants"
+    assert main([*args, "--arms", "observer", "recipe"]) == 0
+    said = capsys.readouterr().out
+    assert "not finished yet: interpolate, gamma_free" in said and "results.json waits" in said
+    assert sorted(p.parent.name for p in (folder / "arms").glob("*/arm.json")) == ["observer", "recipe"]
+    assert not (folder / "results.json").exists() and not (folder / "arms" / "interpolate").exists()
+    first = (folder / "arms" / "recipe" / "arm.json").stat().st_mtime_ns
+    assert main([*args, "--arms", "gamma_free", "interpolate"]) == 0
+    r = json.loads((folder / "results.json").read_text())
+    assert list(r["arms"]) == ["recipe", "observer", "interpolate", "gamma_free"] and len(r["claims"]) == 4
+    assert (folder / "arms" / "recipe" / "arm.json").stat().st_mtime_ns == first  # read back, not retrained
+    # the same arms as one call trains them: the experiment's figures do not depend on how it was split
+    whole, _ = _run(tiny, "variants")
+    assert [a["final_ppl"] for a in r["arms"].values()] == [a["final_ppl"] for a in whole["arms"].values()]
+    assert r["claims"] == whole["claims"]
+
+
 def _two_part_corpus(folder):
     """Two sources (files `alpha.txt`, `beta.txt`), each cut into many documents at blank lines; the parts
     draw words from different halves of the vocabulary, so a single-part arm really trains on less."""

@@ -16,7 +16,7 @@ def experiment_options(args) -> ExperimentOptions:
     return ExperimentOptions(name=args.name, preset=args.preset, model=args.model, data=args.data or ["default"],
                              out=args.out, seed=args.seed, overrides=overrides, calib_sequences=args.calib_sequences,
                              test_sequences=args.test_sequences, boundaries=boundaries, budget_bytes=args.budget_bytes,
-                             context=args.context, dtype_bytes=args.dtype_bytes, quiet=args.quiet)
+                             context=args.context, dtype_bytes=args.dtype_bytes, arms=args.arms, quiet=args.quiet)
 
 
 def cmd_experiment(args) -> int:
@@ -24,6 +24,9 @@ def cmd_experiment(args) -> int:
 
     options = experiment_options(args)
     path = run_experiment(options, show=(lambda *a, **k: None) if options.quiet else print)
+    if path is None:  # arms left to other processes: the run that finishes the last one writes the results
+        print(f"arms {', '.join(options.arms)} finished; results.json waits for the others")
+        return 0
     print((path.parent / "results.md").read_text())
     print(f"results: {path}")
     return 0
@@ -41,6 +44,9 @@ def register(sub) -> None:
                    help="run folder to write OUT/experiments/NAME into (default runs/experiments); "
                         "`reskip report OUT` shows every experiment there")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--arms", nargs="+", default=None, metavar="ARM",
+                   help="run only these arms now (names, e.g. 'dialogue only', or folder names, dialogue-only), "
+                        "e.g. one process per core; results.json is written once every arm has finished")
     budget_flags(p)
     p.add_argument("--eval-every", type=int, default=None, help="steps between validations (the logged curve)")
     retrofit_flags(p)

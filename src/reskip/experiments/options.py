@@ -16,6 +16,8 @@ class ExperimentOptions:
     overrides: TrainConfig values for every arm (and RetrofitConfig keys by name), on top of the preset.
     calib_sequences / test_sequences: calibration and test sequences per arm (None: the preset's).
     boundaries: explicit block starts, one more arm of `block-size`.
+    arms: run only these arms now (names or their folder slugs; None: every arm). results.json is written
+        once every arm of the experiment has finished, in this process or another sharing `out`.
     budget_bytes / context / dtype_bytes: `placement`'s memory budget and the user's model's context
         (None: its max_position_embeddings, capped at 8,192) and state width in bytes."""
 
@@ -29,6 +31,7 @@ class ExperimentOptions:
     calib_sequences: int | None = None
     test_sequences: int | None = None
     boundaries: list[int] | None = None
+    arms: list[str] | None = None
     budget_bytes: int = SEED_BUDGET_BYTES
     context: int | None = None
     dtype_bytes: int = 2

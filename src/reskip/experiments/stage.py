@@ -1,6 +1,10 @@
 """Running an experiment: its arms (or, for `placement`, the probe) -> OUT/experiments/NAME/results.json
 and results.md. Every arm of one experiment gets the preset's training budget, the same data and seed;
-bad options and every arm's configuration are checked before the first arm trains."""
+bad options and every arm's configuration are checked before the first arm trains.
+
+`arms` runs a subset: the arms of one experiment are independent run folders, so separate processes
+(one per core, or per machine sharing OUT) can train them side by side; the one that finds every arm
+finished writes the results."""
 
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ from ..runs import RunFolder
 from ..train.config import TrainConfig
 from ..train.loop import check_against_backbone
 from . import block_size, mix, placement, variants
-from .arms import Measure, run_arm
+from .arms import ARM_FILE, Measure, finished_twin, run_arm
 from .options import EXPERIMENTS, ExperimentOptions
 from .record import write
 
@@ -27,8 +31,9 @@ def folder_of(options: ExperimentOptions) -> Path:
     return RunFolder(Path(options.out or DEFAULT_OUT)).experiments_dir / options.name
 
 
-def run_experiment(options: ExperimentOptions, show=print) -> Path:
-    """Run (or finish) one experiment; returns its results.json."""
+def run_experiment(options: ExperimentOptions, show=print) -> Path | None:
+    """Run (or finish) one experiment; returns its results.json, or None while arms that `options.arms` left
+    to other processes have not finished (then nothing is written but the chosen arms' folders)."""
     if options.name not in EXPERIMENTS:
         raise ReskipError(f"unknown experiment {options.name!r}; valid: {', '.join(EXPERIMENTS)}")
     if options.preset not in PRESETS:
@@ -40,10 +45,14 @@ def run_experiment(options: ExperimentOptions, show=print) -> Path:
     folder = folder_of(options)
     t0 = time.perf_counter()
     if options.name == "placement":
+        if options.arms:
+            raise ReskipError("`placement` has no arms (it trains nothing): drop --arms")
         base = _base(options, check=False)
         result = placement.run(options, base, _header(options, base), show)
     else:
         result = _arms(options, folder, show)
+        if result is None:
+            return None
     result["wall_s"] = time.perf_counter() - t0
     return write(folder, result)
 
@@ -92,6 +101,7 @@ def _arms(options: ExperimentOptions, folder: Path, show) -> dict:
         configs.append((arm, cfg))
     if len(configs) < 2:
         raise ReskipError(f"`{options.name}` has fewer than two arms this model can run ({left_out})")
+    chosen = _chosen(options, [arm for arm, _ in configs])
     measures = {}
     for arm, cfg in configs:  # every arm's configuration is checked before the first trains
         cfg.validate()
@@ -99,10 +109,19 @@ def _arms(options: ExperimentOptions, folder: Path, show) -> dict:
         sizes = options.name == "block-size"
         budgets = block_size.budgets_for(n_layers, n_blocks) if sizes else ()
         measures[arm.name] = Measure(calib, test, budgets=budgets, signal=not sizes)
-    results = {}
-    for k, (arm, _) in enumerate(configs, start=1):
+    results, pending = {}, []
+    for k, (arm, cfg) in enumerate(configs, start=1):
+        where = folder / "arms" / _slug(arm.name)
+        # an arm left to another process is only read: finished, or copied from a finished twin (no training)
+        if arm.name not in chosen and not (where / ARM_FILE).is_file() and finished_twin(where, cfg, measures[arm.name]) is None:
+            pending.append(arm.name)
+            continue
         show(f"[experiment {options.name}] arm {k}/{len(configs)}: {arm.name}")
-        results[arm.name] = run_arm(arm, base, folder / "arms" / _slug(arm.name), measures[arm.name], show)
+        results[arm.name] = run_arm(arm, base, where, measures[arm.name], show)
+    if pending:
+        show(f"[experiment {options.name}] not finished yet: {', '.join(pending)}; results.json is written by the "
+             f"run that finds every arm finished (--arms {' '.join(_quoted(n) for n in pending)})")
+        return None
     module = {"variants": variants, "mix": mix, "block-size": block_size}[options.name]
     out = _header(options, base) | {"arms": results, "claims": module.claims(results), "left_out": left_out}
     if options.name == "mix":
@@ -117,6 +136,23 @@ def _header(options: ExperimentOptions, base) -> dict:
             "data": list(base.data), "seed": options.seed,
             "budget": {"steps": base.steps, "batch_size": base.batch_size, "seq_len": base.seq_len,
                        "tokens": base.steps * base.batch_size * base.seq_len}}
+
+
+def _chosen(options: ExperimentOptions, arms: list) -> set[str]:
+    """The arms' names that `options.arms` asks for (by name or folder slug); every arm when it is None."""
+    names = {arm.name for arm in arms}
+    if not options.arms:
+        return names
+    by_key = {**{_slug(n): n for n in names}, **{n: n for n in names}}
+    unknown = [a for a in options.arms if a not in by_key]
+    if unknown:
+        raise ReskipError(f"`{options.name}` has no arm {', '.join(map(repr, unknown))} on this model; "
+                          f"its arms: {', '.join(_quoted(arm.name) for arm in arms)}")
+    return {by_key[a] for a in options.arms}
+
+
+def _quoted(name: str) -> str:
+    return repr(name) if " " in name else name
 
 
 def _slug(name: str) -> str:
