@@ -30,18 +30,21 @@ def _run(tiny, name, *extra):
 
 def test_variants_trains_every_arm_alike_and_states_each_claim(tiny):
     r, folder = _run(tiny, "variants")
-    assert list(r["arms"]) == ["recipe", "observer", "interpolate", "gamma_free"]
+    assert list(r["arms"]) == ["recipe", "observer", "observer_seed_loss", "interpolate", "gamma_free"]
     curves = {n: a["curve"] for n, a in r["arms"].items()}
     assert all([e["step"] for e in c] == [0, 2, 4] for c in curves.values())  # the whole curve, not its end
     assert len({a["budget"]["tokens"] for a in r["arms"].values()}) == 1
     assert {a["retrofit"]["variant"] for a in r["arms"].values()} == {"recipe", "observer", "interpolate", "gamma_free"}
-    # c = 0 at step 0: the recipe, observer and interpolate are the backbone there; gamma_free is not
-    for n in ("recipe", "observer", "interpolate"):
+    # the observer pair differs only in the signal term: the document's loss against reskip's
+    assert r["arms"]["observer_seed_loss"]["train"] == {"lambda_signal": 0.0} and r["arms"]["observer"]["train"] == {}
+    # c = 0 at step 0: the recipe, observers and interpolate are the backbone there; gamma_free is not
+    for n in ("recipe", "observer", "observer_seed_loss", "interpolate"):
         assert curves[n][0]["ppl"] == pytest.approx(curves[n][0]["ppl_backbone"], rel=1e-6), n
     assert curves["gamma_free"][0]["ppl"] != curves["gamma_free"][0]["ppl_backbone"]
     # observer never changes the forward pass: its retrofit is the backbone at every step
-    assert all(e["ppl"] == pytest.approx(e["ppl_backbone"], rel=1e-6) for e in curves["observer"])
-    assert len(r["claims"]) == 4 and all(c["verdict"] in ("held", "did not hold", "undecided") for c in r["claims"])
+    for n in ("observer", "observer_seed_loss"):
+        assert all(e["ppl"] == pytest.approx(e["ppl_backbone"], rel=1e-6) for e in curves[n])
+    assert len(r["claims"]) == 5 and all(c["verdict"] in ("held", "did not hold", "undecided") for c in r["claims"])
     # the skip-branch KL at the first and last validations only: an arm's A(n) is its calibration's
     log = [json.loads(x) for x in (folder / "arms" / "recipe" / "train_log.jsonl").read_text().splitlines()]
     assert [("skip_kl" in e) for e in log if e["kind"] == "eval"] == [True, False, True]
@@ -49,7 +52,7 @@ def test_variants_trains_every_arm_alike_and_states_each_claim(tiny):
     assert "| claim | what was measured | verdict |" in md and "gamma_free" in md
     # run again: the finished arms are read back, not retrained
     files = sorted((folder / "arms").glob("*/arm.json"))
-    assert len(files) == 4
+    assert len(files) == 5
     before = [f.stat().st_mtime_ns for f in files]
     again, _ = _run(tiny, "variants")
     assert [f.stat().st_mtime_ns for f in files] == before
@@ -65,13 +68,14 @@ def test_arms_run_in_separate_calls_and_the_last_writes_the_results(tiny, capsys
     folder = out / "experiments" / "variants"
     assert main([*args, "--arms", "observer", "recipe"]) == 0
     said = capsys.readouterr().out
-    assert "not finished yet: interpolate, gamma_free" in said and "results.json waits" in said
+    assert "not finished yet: observer_seed_loss, interpolate, gamma_free" in said and "results.json waits" in said
     assert sorted(p.parent.name for p in (folder / "arms").glob("*/arm.json")) == ["observer", "recipe"]
     assert not (folder / "results.json").exists() and not (folder / "arms" / "interpolate").exists()
     first = (folder / "arms" / "recipe" / "arm.json").stat().st_mtime_ns
-    assert main([*args, "--arms", "gamma_free", "interpolate"]) == 0
+    assert main([*args, "--arms", "gamma_free", "interpolate", "observer-seed-loss"]) == 0
     r = json.loads((folder / "results.json").read_text())
-    assert list(r["arms"]) == ["recipe", "observer", "interpolate", "gamma_free"] and len(r["claims"]) == 4
+    assert list(r["arms"]) == ["recipe", "observer", "observer_seed_loss", "interpolate", "gamma_free"]
+    assert len(r["claims"]) == 5
     assert (folder / "arms" / "recipe" / "arm.json").stat().st_mtime_ns == first  # read back, not retrained
     # the same arms as one call trains them: the experiment's figures do not depend on how it was split
     whole, _ = _run(tiny, "variants")
@@ -207,6 +211,7 @@ def test_interpolation_is_judged_over_the_ramp_only():
                 "signal_test": {"rates": [0.5], "blocks": []}}
     assert [e["step"] for e in _ramp(arm([1] * 6)["curve"])] == [0, 3, 6, 9]
     arms = {"recipe": arm([16.7, 15.9, 15.7, 15.2, 15.1, 14.4]), "observer": arm([16.7] * 6),
+            "observer_seed_loss": arm([16.7] * 6),
             "interpolate": arm([16.7, 18.0, 23.5, 30.9, 25.0, 19.1]), "gamma_free": arm([16.7, 15.6, 15.2, 14.7, 14.6, 14.5])}
     verdicts = [x["verdict"] for x in claims(arms)]
     assert verdicts[0] == "held" and verdicts[1] == "did not hold"
