@@ -215,3 +215,19 @@ def test_interpolation_is_judged_over_the_ramp_only():
             "interpolate": arm([16.7, 18.0, 23.5, 30.9, 25.0, 19.1]), "gamma_free": arm([16.7, 15.6, 15.2, 14.7, 14.6, 14.5])}
     verdicts = [x["verdict"] for x in claims(arms)]
     assert verdicts[0] == "held" and verdicts[1] == "did not hold"
+
+
+def test_arms_table_median_is_the_mix_verdicts_median():
+    """results.md's "median w_recent 5-95% range" is the statistic `mix`'s verdict reads: with an even number of
+    middle blocks, the mean of the two middle values (it once printed the upper one: 0.0182 beside 0.0169)."""
+    from reskip.experiments.mix import routing_summary
+    from reskip.experiments.record import arms_table
+
+    ranges = [0.0259, 0.0156, 0.0137, 0.0149, 0.0184, 0.0182]  # the standard recipe's blocks 2-7
+    blocks = {"1": {"A": 9.0, "w_recent_range": None, "entropy_ratio": None}}
+    blocks |= {str(n): {"A": 1.5, "w_recent_range": r, "entropy_ratio": 0.8} for n, r in enumerate(ranges, start=2)}
+    blocks["8"] = {"A": 9.0, "w_recent_range": 0.0106, "entropy_ratio": 0.8}
+    arm = {"blocks": blocks, "n_blocks": 8, "params": 1, "worst_ppl": 2.0, "worst_step": 0, "final_ppl": 1.5,
+           "final_kl": 0.1, "signal_test": None}
+    assert routing_summary(arm)["spread"] == pytest.approx((0.0156 + 0.0182) / 2)
+    assert "| 0.0169 |" in arms_table({"recipe": arm})[2]

@@ -161,6 +161,11 @@ def _spearman_I_A(blocks: list[dict]) -> float | None:
     return spearman([b["I"] for b in rows], [b["A"] for b in rows])
 
 
+def middle_blocks(arm: dict) -> list[dict]:
+    """arm.json's rows of the blocks with a router that are not the last (2 .. N-1): the ones ReSkip may skip."""
+    return [b for n, b in arm["blocks"].items() if 1 < int(n) < arm["n_blocks"]]
+
+
 def beats_random(arm: dict, p: float | None = None) -> list[int] | None:
     """Blocks where the signal test finds w_recent's positions cheaper to skip than random ones (at rate p:
     the test's largest by default), outside the 95% bootstrap interval; None when the arm had no signal test."""

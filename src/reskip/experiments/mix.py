@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from statistics import median
 
-from .arms import Arm, beats_random
+from .arms import Arm, beats_random, middle_blocks
 from .record import claim
 
 WHOLE = "whole mix"
@@ -23,12 +23,8 @@ def arms_for(parts: list[str]) -> list[Arm]:
         Arm(f"{p} only", train={"data_weights": {p: 1.0}}, note=f"training sequences from {p} only") for p in parts]
 
 
-def _middle(arm: dict) -> list[dict]:
-    return [b for n, b in arm["blocks"].items() if 1 < int(n) < arm["n_blocks"]]
-
-
 def routing_summary(arm: dict) -> dict:
-    mids = _middle(arm)
+    mids = middle_blocks(arm)
     ent = [b["entropy_ratio"] for b in mids if b["entropy_ratio"] is not None]
     spread = [b["w_recent_range"] for b in mids if b["w_recent_range"] is not None]
     return {"entropy_share": sum(ent) / len(ent) if ent else None, "spread": median(spread) if spread else None,

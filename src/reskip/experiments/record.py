@@ -5,9 +5,10 @@ file and renamed, so a stopped experiment never leaves half a table."""
 from __future__ import annotations
 
 from pathlib import Path
+from statistics import median
 
 from ..io_atomic import atomic_write_json, atomic_write_text
-from .arms import beats_random
+from .arms import beats_random, middle_blocks
 
 RESULTS = "results.json"
 TABLE = "results.md"
@@ -42,10 +43,10 @@ def arms_table(arms: dict) -> list[str]:
            "| median w_recent 5-95% range | signal beats random (blocks) |",
            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, a in arms.items():
-        mids = [b for n, b in a["blocks"].items() if 1 < int(n) < a["n_blocks"]]
+        mids = middle_blocks(a)
         min_a = min((b["A"] for b in mids), default=None)
-        ranges = sorted(b["w_recent_range"] for b in mids if b["w_recent_range"] is not None)
-        med = ranges[len(ranges) // 2] if ranges else None
+        ranges = [b["w_recent_range"] for b in mids if b["w_recent_range"] is not None]
+        med = median(ranges) if ranges else None  # the same statistic as `mix`'s verdict reads
         beats = beats_random(a)
         out.append(f"| {name} | {a['params']:,} | {a['worst_ppl']:.3f} ({a['worst_step']}) | {a['final_ppl']:.3f} "
                    f"| {a['final_kl']:.4f} | {'-' if min_a is None else f'{min_a:.3f}'} "
