@@ -1,17 +1,16 @@
-"""Tokens/s of one retrofit training step vs plain forward+backward through the backbone.
+"""Tokens/s of the retrofit training step in float32 and in the `auto` dtype, beside plain forward + backward.
 
-Same batch, same process, interleaved, after warm-up; median of repeats. Prints one JSON line.
-Baselines:
+Both dtypes in one process, interleaved, after warm-up; median of repeats. Prints one JSON line.
+One repeat is a cycle over every drawable block (the skip branch's cost depends on the block it
+drops: it reruns the blocks after it), so each dtype is timed on the same mix of steps.
+Per dtype:
   frozen   - forward + CE + backward through the frozen backbone (gradients reach the input
              embeddings only): the backward work a frozen backbone can do at all;
-  finetune - the same with every backbone weight requiring grad (an ordinary fine-tuning step
-             without the optimizer).
-The retrofit step is the real objective: teacher pass, full path, shared-prefix skip branch,
-the default recipe's loss terms and backward (c = 1, skip block cycling over the drawable blocks),
-from whole logits, with CE and KL in chunks of `--loss-chunk` positions, and with that and activation
-checkpointing of the frozen layers.
+  retrofit - the default recipe's step: teacher pass, full path, shared-prefix skip branch, every
+             loss term (CE and KL from the LM head in chunks of `--loss-chunk` positions) and backward.
+With `--variants`, also the step from whole (B, T, V) logits and with activation checkpointing.
 
-    python benchmarks/train_throughput.py [--model M] [--batch 4] [--seq-len 256] [--repeats 5]
+    python benchmarks/train_throughput.py [--model M] [--batch 8] [--seq-len 256] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -25,102 +24,86 @@ import time
 import torch
 
 from reskip import load_backbone, retrofit
+from reskip.backbones.dtypes import resolve_dtype_name
 from reskip.data.packing import pack
 from reskip.data.sources import load_splits
 from reskip.train.config import TrainConfig
 from reskip.train.objective import RetrofitObjective
 
 
-def timed(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+def steps_of(model_name, dtype: str, batch: int, seq_len: int, loss_chunk: int, variants: bool) -> dict:
+    """name -> a function running one cycle of that step over the drawable blocks, for one dtype."""
+    torch.manual_seed(0)
+    model, tok = load_backbone(model_name, dtype)
+    splits, _ = load_splits(["default"])
+    data = pack(tok, splits["train"], seq_len, batch, seed=0)
+    ids, labels = data.input_ids, data.labels
+    n_tokens = ids.numel()
+    embed = model.get_input_embeddings()
+    recipe = TrainConfig(loss_chunk=loss_chunk)
+    rm = retrofit(model, recipe.retrofit_config())
+    rm.set_curriculum(1.0)
+    drawable = list(range(2, rm.n_blocks))
+
+    def frozen_cycle():
+        with rm.side_channel_disabled():
+            for _ in drawable:
+                x = embed(ids).detach().requires_grad_(True)
+                rm(inputs_embeds=x, labels=labels, use_cache=False).loss.backward()
+
+    def retrofit_cycle(cfg):
+        objective = RetrofitObjective.of(rm, cfg)
+
+        def cycle():
+            for k in drawable:
+                objective(ids, labels, k, 1.0 / n_tokens, 1.0 / n_tokens)["loss"].backward()
+                rm.side_channel.zero_grad(set_to_none=True)
+        return cycle
+
+    steps = {"frozen": frozen_cycle, "retrofit": retrofit_cycle(recipe)}
+    if variants:
+        steps["whole_logits"] = retrofit_cycle(dataclasses.replace(recipe, loss_chunk=None))
+        steps["recompute"] = retrofit_cycle(dataclasses.replace(recipe, recompute=True))
+    return {"steps": steps, "tokens_per_cycle": n_tokens * len(drawable), "drawable": drawable}
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None)
-    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq-len", type=int, default=256)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--rank", type=int, default=None)
-    ap.add_argument("--loss-chunk", type=int, default=64, help="positions per chunk of the chunked-loss step")
+    ap.add_argument("--repeats", type=int, default=3, help="cycles over the drawable blocks per step kind")
+    ap.add_argument("--dtypes", nargs="+", default=["float32", "auto"], choices=["float32", "bfloat16", "auto"])
+    ap.add_argument("--loss-chunk", type=int, default=TrainConfig.loss_chunk, help="positions per loss chunk")
+    ap.add_argument("--variants", action="store_true", help="also whole-logit and activation-checkpointing steps")
     args = ap.parse_args(argv)
 
-    torch.manual_seed(0)
-    model, tok = load_backbone(args.model)
-    splits, _ = load_splits(["default"])
-    data = pack(tok, splits["train"], args.seq_len, args.batch, seed=0)
-    ids, labels = data.input_ids, data.labels
-    n_tokens = ids.numel()
-    embed = model.get_input_embeddings()
-
-    def frozen_step():
-        x = embed(ids).detach().requires_grad_(True)
-        model(inputs_embeds=x, labels=labels, use_cache=False).loss.backward()
-
-    def finetune_step():
-        model.requires_grad_(True)
-        model(input_ids=ids, labels=labels, use_cache=False).loss.backward()
-        model.zero_grad(set_to_none=True)
-        model.requires_grad_(False)
-
-    # The default training recipe's retrofit (its skip shortcuts included) and loss weights.
-    recipe = TrainConfig(retrofit={} if args.rank is None else {"rank": args.rank})
-    rm = retrofit(model, recipe.retrofit_config())
-    rm.set_curriculum(1.0)
-    drawable = list(range(2, rm.n_blocks))
-
-    def retrofit_steps(loss_chunk, recompute=False):
-        """The default recipe's step, from whole logits or in chunks of positions."""
-        objective = RetrofitObjective.of(rm, dataclasses.replace(recipe, loss_chunk=loss_chunk, recompute=recompute))
-        calls = {"n": 0}
-
-        def step():
-            k = drawable[calls["n"] % len(drawable)]
-            calls["n"] += 1
-            terms = objective(ids, labels, k, 1.0 / n_tokens, 1.0 / n_tokens)
-            terms["loss"].backward()
-            rm.side_channel.zero_grad(set_to_none=True)
-        return step
-
-    retrofit_step, chunked_step = retrofit_steps(None), retrofit_steps(args.loss_chunk)
-    recompute_step = retrofit_steps(args.loss_chunk, recompute=True)
-
-    def backbone(fn):
-        def run():
-            with rm.side_channel_disabled():
+    names = {d: resolve_dtype_name(d) for d in args.dtypes}
+    setups = {d: steps_of(args.model, d, args.batch, args.seq_len, args.loss_chunk, args.variants) for d in args.dtypes}
+    for s in setups.values():  # warm-up (compiles the fused loss where compiling is used)
+        for fn in s["steps"].values():
+            fn()
+    times = {d: {k: [] for k in s["steps"]} for d, s in setups.items()}
+    for _ in range(args.repeats):  # interleaved, so machine noise hits every dtype and step alike
+        for d, s in setups.items():
+            for k, fn in s["steps"].items():
+                t = time.perf_counter()
                 fn()
-        return run
-
-    for fn in (backbone(frozen_step), backbone(finetune_step), retrofit_step, chunked_step, recompute_step):  # warm-up
-        fn()
-    t = {"frozen": [], "finetune": [], "retrofit": [], "chunked": [], "recompute": []}
-    for _ in range(args.repeats):  # interleaved so machine noise hits all five alike
-        t["frozen"].append(timed(backbone(frozen_step), 1))
-        t["finetune"].append(timed(backbone(finetune_step), 1))
-        t["retrofit"].append(timed(retrofit_step, 1))
-        t["chunked"].append(timed(chunked_step, 1))
-        t["recompute"].append(timed(recompute_step, 1))
-    med = {k: statistics.median(v) for k, v in t.items()}
-    print(json.dumps({
-        "model": args.model or "smollm2-135m-instruct",
-        "batch": args.batch, "seq_len": args.seq_len, "tokens_per_step": n_tokens, "repeats": args.repeats,
-        "threads": torch.get_num_threads(),
-        "tok_s_frozen_fwd_bwd": n_tokens / med["frozen"],
-        "tok_s_finetune_fwd_bwd": n_tokens / med["finetune"],
-        "tok_s_retrofit_step": n_tokens / med["retrofit"],
-        "slowdown_vs_frozen": med["retrofit"] / med["frozen"],
-        "slowdown_vs_finetune": med["retrofit"] / med["finetune"],
-        "loss_chunk": args.loss_chunk,
-        "tok_s_retrofit_step_chunked": n_tokens / med["chunked"],
-        "chunked_vs_whole_logits": med["chunked"] / med["retrofit"],
-        "chunked_recompute_vs_whole_logits": med["recompute"] / med["retrofit"],
-        "target_max_slowdown": 2.0,
-    }))
+                times[d][k].append(time.perf_counter() - t)
+    report = {"model": args.model or "smollm2-135m-instruct", "batch": args.batch, "seq_len": args.seq_len,
+              "repeats": args.repeats, "threads": torch.get_num_threads(), "loss_chunk": args.loss_chunk,
+              "skip_blocks_cycled": setups[args.dtypes[0]]["drawable"], "dtypes": names}
+    for d, s in setups.items():
+        for k, ts in times[d].items():
+            report[f"tok_s_{k}_{d}"] = s["tokens_per_cycle"] / statistics.median(ts)
+        report[f"retrofit_vs_frozen_{d}"] = statistics.median(times[d]["retrofit"]) / statistics.median(times[d]["frozen"])
+    if "float32" in setups and len(setups) > 1:
+        for d in setups:
+            if d != "float32":
+                for k in times[d]:
+                    report[f"speedup_{k}_{d}_vs_float32"] = report[f"tok_s_{k}_{d}"] / report[f"tok_s_{k}_float32"]
+        report["target_min_speedup_retrofit"] = 2.3
+    print(json.dumps(report))
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .fusion import fused
+
 
 def next_token_targets(labels: torch.Tensor) -> torch.Tensor:
     """(B, T) -> (B, T): position t's target is token t+1 (-100: none, as at the last position)."""
@@ -81,29 +83,52 @@ def ce_tokens(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return ce.view(targets.shape)
 
 
-def _head_logits(h: torch.Tensor, weight, bias, softcap) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(float32 logits, d logits / d pre-cap logits or None) for hidden states h (B, c, d), in the
-    model's dtype up to the cast, as the family's forward computes them."""
-    u = F.linear(h, weight, bias)
-    if softcap is None:
-        return u.float(), None
-    t = torch.tanh(u / softcap)
-    return (t * softcap).float(), (1 - t.float() ** 2)
-
-
 @torch.no_grad()
 def head_logits(h: torch.Tensor, head) -> torch.Tensor:
     """float32 logits (B, T, V) of final hidden states h (B, T, d) through head = `compat.output_head(model)`:
     the same operations as the family's forward, so the same values as its `.logits`."""
-    return _head_logits(h, *head)[0]
+    weight, bias, softcap = head
+    return _capped(F.linear(h, weight, bias), softcap)[0]
 
 
-def _to_hidden(dz: torch.Tensor, cap: torch.Tensor | None, weight, dtype) -> torch.Tensor:
-    """A chunk's loss gradient w.r.t. its logits (B, c, V), in place through the soft-cap if any, ->
-    the gradient w.r.t. the hidden states the head read (B, c, d)."""
-    if cap is not None:
-        dz.mul_(cap)
-    return (dz.to(weight.dtype) @ weight).to(dtype)
+def _capped(u: torch.Tensor, softcap) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """float32 logits from raw head outputs u (N, V), and d logits / d u (None without a soft-cap)."""
+    if softcap is None:
+        return u.float(), None
+    t = torch.tanh(u / softcap)
+    return (t * softcap).float(), 1 - t.float() ** 2
+
+
+def chunk_terms(ut: torch.Tensor, uf: torch.Tensor, us: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor,
+                softcap: float | None, want_costs: bool):
+    """One chunk's share of CE(full) and KL(teacher || skip), and their gradients, from the LM head's raw
+    outputs (N, V) of the teacher, full and skip passes (in the model's dtype; consumed: float32 ones are
+    overwritten). targets (N,) >= 0, valid (N,) bool: positions with a target.
+
+    Returns float32 sums ce and kl; dz_full, dz_skip (N, V): d ce / d uf and d kl / d us in uf's dtype;
+    costs (N,) = skip NLL - full NLL (0 where not valid), or None. Every reduction is in float32; each
+    (N, V) array is read as few times as eager PyTorch allows (logsumexp, then exp of the shifted logits in
+    place), and `torch.compile` fuses what is left where it pays (`fusion.fused`)."""
+    picked = targets.unsqueeze(-1)  # (N, 1)
+    keep = valid.unsqueeze(-1)  # (N, 1)
+    zt, _ = _capped(ut, softcap)
+    lse_t = zt.logsumexp(-1, keepdim=True)  # (N, 1)
+    p = zt.sub(lse_t).exp_()  # p_teacher, (N, V)
+    kl = torch.linalg.vecdot(p, zt).sum() - lse_t.sum()  # sum p log p = sum p z - logsumexp z, as sum p = 1
+    del zt
+    zf, cap_f = _capped(uf, softcap)
+    lse_f = zf.logsumexp(-1, keepdim=True)  # (N, 1)
+    nll_f = (lse_f - zf.gather(-1, picked)).squeeze(-1) * valid  # (N,)
+    dz_full = zf.sub_(lse_f).exp_().scatter_add_(-1, picked, torch.full_like(lse_f, -1.0))  # softmax - onehot
+    dz_full = (dz_full if cap_f is None else dz_full.mul_(cap_f)).mul_(keep)
+    zs, cap_s = _capped(us, softcap)
+    lse_s = zs.logsumexp(-1, keepdim=True)
+    kl = kl + lse_s.sum() - torch.linalg.vecdot(p, zs).sum()
+    costs = (lse_s - zs.gather(-1, picked)).squeeze(-1) * valid - nll_f if want_costs else None
+    dz_skip = zs.sub_(lse_s).exp_().sub_(p)  # softmax(zs) - p
+    if cap_s is not None:
+        dz_skip.mul_(cap_s)
+    return nll_f.sum(), kl, dz_full.to(uf.dtype), dz_skip.to(us.dtype), costs
 
 
 class _HeadLosses(torch.autograd.Function):
@@ -115,37 +140,28 @@ class _HeadLosses(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, h_full, h_skip, h_teacher, weight, bias, softcap, targets, chunk, want_costs):
-        B, T, _ = h_full.shape
+        B, T, d = h_full.shape
         g_full, g_skip = torch.zeros_like(h_full), torch.zeros_like(h_skip)  # (B, T, d)
         ce = torch.zeros((), dtype=torch.float32, device=h_full.device)
         kl = torch.zeros((), dtype=torch.float32, device=h_full.device)
         costs = torch.zeros(B, T, dtype=torch.float32, device=h_full.device) if want_costs else None
+        terms = fused(chunk_terms, B * min(chunk, T) * weight.shape[0])
         for a in range(0, T, chunk):
             sl = slice(a, min(a + chunk, T))
-            t = targets[:, sl]  # (B, c)
-            valid = t != -100
-            picked = t.clamp_min(0).unsqueeze(-1)  # (B, c, 1)
-            zt, _ = _head_logits(h_teacher[:, sl], weight, bias, softcap)  # (B, c, V)
-            p = torch.softmax(zt, dim=-1)
-            kl += torch.linalg.vecdot(p, zt).sum() - zt.logsumexp(-1).sum()  # sum p log p
-            del zt
-            zf, cap_f = _head_logits(h_full[:, sl], weight, bias, softcap)
-            nll_f = (zf.logsumexp(-1) - zf.gather(-1, picked).squeeze(-1)) * valid  # (B, c)
-            ce += nll_f.sum()
-            dz = torch.softmax(zf, dim=-1)
-            dz.scatter_add_(-1, picked, -valid.unsqueeze(-1).to(dz.dtype))  # softmax - onehot(target)
-            dz.mul_(valid.unsqueeze(-1))
-            del zf
-            g_full[:, sl] = _to_hidden(dz, cap_f, weight, g_full.dtype)
-            del dz, cap_f
-            zs, cap_s = _head_logits(h_skip[:, sl], weight, bias, softcap)
-            lse_s = zs.logsumexp(-1)  # (B, c)
-            kl += lse_s.sum() - torch.linalg.vecdot(p, zs).sum()
+            t = targets[:, sl].reshape(-1)  # (N,) with N = B c
+            # Each chunk as a 2-D (N, d) matrix: on a 3-D slice, which is not contiguous when B > 1, the
+            # product falls back to a batched one that first copies the (V, d) head once per row.
+            u = [F.linear(h[:, sl].reshape(-1, d), weight, bias) for h in (h_teacher, h_full, h_skip)]  # (N, V) each
+            c_ce, c_kl, dz_full, dz_skip, c_costs = terms(*u, t.clamp_min(0), t != -100, softcap, want_costs)
+            del u
+            ce += c_ce
+            kl += c_kl
             if want_costs:
-                costs[:, sl] = (lse_s - zs.gather(-1, picked).squeeze(-1)) * valid - nll_f
-            dz = torch.softmax(zs, dim=-1).sub_(p)
-            del zs, p
-            g_skip[:, sl] = _to_hidden(dz, cap_s, weight, g_skip.dtype)
+                costs[:, sl] = c_costs.view(B, -1)
+            g_full[:, sl] = (dz_full.to(weight.dtype) @ weight).view(B, -1, d).to(g_full.dtype)
+            del dz_full
+            g_skip[:, sl] = (dz_skip.to(weight.dtype) @ weight).view(B, -1, d).to(g_skip.dtype)
+            del dz_skip
         ctx.save_for_backward(g_full, g_skip)
         if costs is not None:
             ctx.mark_non_differentiable(costs)

@@ -8,11 +8,13 @@ preset; explicit training values override them.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .backbones.dtypes import describe, resolve_dtype_name
 from .backbones.parity_stage import parity_stage
 from .errors import ReskipError, check_range
 from .evaluate.options import EvalOptions
@@ -67,11 +69,13 @@ class PipelineConfig:
     data: list[str] = field(default_factory=lambda: ["default"])
     overrides: dict = field(default_factory=dict)
     delta: float = 1.0
+    dtype: str = "auto"  # every stage's backbone dtype ('auto' is resolved once, when the run starts)
 
     def check(self) -> None:
         if self.preset not in PRESETS:
             raise ReskipError(f"unknown preset {self.preset!r}; valid: {', '.join(PRESETS)}")
         check_range("delta", self.delta, 0.0)
+        resolve_dtype_name(self.dtype)  # an unknown name fails here
         cfg = self.train_config()
         cfg.validate()
         check_against_backbone(cfg)  # the backbone's config only: a bad partition fails before any weights load
@@ -79,20 +83,21 @@ class PipelineConfig:
     def train_config(self) -> TrainConfig:
         values = {**PRESETS[self.preset]["train"], **self.overrides}
         retrofit = {k: values.pop(k) for k in RETROFIT_KEYS if k in values}
-        return TrainConfig.from_dict({**values, "model": self.model, "data": list(self.data), "retrofit": retrofit})
+        return TrainConfig.from_dict({**values, "model": self.model, "data": list(self.data), "retrofit": retrofit,
+                                      "dtype": self.dtype})
 
     def calibrate_options(self) -> CalibrateOptions:
-        return CalibrateOptions(delta=self.delta, **PRESETS[self.preset]["calibrate"])
+        return CalibrateOptions(delta=self.delta, dtype=self.dtype, **PRESETS[self.preset]["calibrate"])
 
     def eval_options(self) -> EvalOptions:
         # The budgeted policy is the run's ReSkip (calibrate stores the frontier); every method is
         # also measured on the held-out source, with the thresholds calibrated on the run's data.
         heldout = [s for s in HELDOUT if s not in self.data]
-        return EvalOptions(quiet=True, mc_methods=parse_specs(list(MC_METHODS), METHOD_KINDS), heldout=heldout or None,
+        return EvalOptions(quiet=True, dtype=self.dtype, mc_methods=parse_specs(list(MC_METHODS), METHOD_KINDS), heldout=heldout or None,
                            **PRESETS[self.preset]["eval"])
 
     def diagnose_options(self) -> DiagnoseOptions:
-        return DiagnoseOptions(**PRESETS[self.preset]["diagnose"])
+        return DiagnoseOptions(dtype=self.dtype, **PRESETS[self.preset]["diagnose"])
 
 
 def _state(run: RunFolder) -> dict:
@@ -100,7 +105,9 @@ def _state(run: RunFolder) -> dict:
 
 
 def _config_of(state: dict) -> PipelineConfig:
-    return PipelineConfig(state["preset"], state["model"], state["data"], state.get("overrides", {}), state["delta"])
+    # a run recorded without a dtype ran in float32, the only compute dtype there was
+    return PipelineConfig(state["preset"], state["model"], state["data"], state.get("overrides", {}), state["delta"],
+                          state.get("dtype", "float32"))
 
 
 def run_pipeline(run_dir: Path, config: PipelineConfig | None = None, resume: bool = False) -> dict:
@@ -115,10 +122,12 @@ def run_pipeline(run_dir: Path, config: PipelineConfig | None = None, resume: bo
         config = _config_of(state)  # the run's own settings, whatever was passed
     config = config or PipelineConfig()
     config.check()  # bad values fail here, before any stage runs
+    print(f"[dtype] {describe(config.dtype)}", flush=True)
+    config = dataclasses.replace(config, dtype=resolve_dtype_name(config.dtype))
     run.root.mkdir(parents=True, exist_ok=True)
     if not resume:
         state.update(preset=config.preset, model=config.model, data=list(config.data), delta=config.delta,
-                     overrides=dict(config.overrides))
+                     overrides=dict(config.overrides), dtype=config.dtype)
         atomic_write_json(run.pipeline, state)
     stages = {
         "parity": lambda: _parity(run, config),
@@ -153,8 +162,7 @@ def _parity(run: RunFolder, config: PipelineConfig) -> None:
 
 
 def _train(run: RunFolder, config: PipelineConfig) -> None:
-    summary = train(config.train_config(), run.root, resume=latest_checkpoint(run.root) is not None,
-                    show_progress=False)
+    summary = train(config.train_config(), run.root, resume=latest_checkpoint(run.root) is not None)
     if summary:
         print(format_summary(summary))
 

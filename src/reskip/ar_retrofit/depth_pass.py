@@ -17,7 +17,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .. import compat
 from .kv_cache import append_kv
-from .side_channel import SideChannel, block_input
+from .side_channel import SideChannel, block_input, inverse_rms
 
 
 @dataclass
@@ -27,6 +27,7 @@ class Captured:
     states: list[torch.Tensor]
     sources: torch.Tensor | None  # (B, T, k, d): h_0..h_{k-1}, k = the sources the last router read
     inputs: dict[int, torch.Tensor]
+    inv_rms: list[torch.Tensor]  # the routers' inverse RMS of h_0..h_{k-1}, each (B, T, 1)
 
 
 class DepthPass:
@@ -36,6 +37,7 @@ class DepthPass:
     skip: blocks replaced by identity in the next passes.
     states: h_0..h_n of the current pass, each (B, T, d) in the backbone dtype.
     float_states: the float32 copies of states made so far (in a float32 stream, the states).
+    inv_rms: each float state's inverse RMS (B, T, 1), computed once per pass for every router that reads it.
     sources: h_0..h_{k-1} stacked in float32 (B, T, k, d) for block k's router, stacked anew
         for each block (one op; autograd-safe, nothing written in place).
     alphas: block n -> alpha (B, T, n) of the last pass, when `record_alphas`.
@@ -49,6 +51,7 @@ class DepthPass:
         self.record_alphas = False
         self.states: list[torch.Tensor] = []
         self.float_states: list[torch.Tensor] = []
+        self.inv_rms: list[torch.Tensor] = []
         self.sources: torch.Tensor | None = None
         self.inputs: dict[int, torch.Tensor] = {}
         self.alphas: dict[int, torch.Tensor] = {}
@@ -76,7 +79,8 @@ class DepthPass:
     def enter_block(self, n: int, hidden: torch.Tensor) -> torch.Tensor:
         """Called before block n's first layer with h_{n-1}; returns the block input x_n."""
         if n == 1:
-            self.states, self.float_states, self.sources, self.inputs, self.alphas = [hidden], [], None, {}, {}
+            self.states, self.float_states, self.inv_rms, self.sources = [hidden], [], [], None
+            self.inputs, self.alphas = {}, {}
             self.tensors = self.side_channel.pass_tensors() if self.enabled else None
             self.idle = set(self.skip)
             self.pass_skip = self.position_skip  # copied before a runtime adds to it (`_decide`)
@@ -91,7 +95,7 @@ class DepthPass:
             self.inputs[n] = hidden
             return hidden
         self._grow_sources(n)
-        x, alpha = block_input(self.tensors[n], self.sources, hidden)
+        x, alpha = block_input(self.tensors[n], self.sources, hidden, torch.stack(self.inv_rms[:n], dim=-2))
         if self.record_alphas:
             self.alphas[n] = alpha
         if self.runtime is not None:
@@ -117,6 +121,7 @@ class DepthPass:
         fs = self.float_states
         while len(fs) < n:  # usually just h_{n-1}; the float() of a float32 state is the state itself
             fs.append(self.states[len(fs)].float())
+            self.inv_rms.append(inverse_rms(fs[-1]))  # (B, T, 1)
         self.sources = torch.stack(fs[:n], dim=-2)
 
     def skipped_output(self, n: int, x: torch.Tensor) -> torch.Tensor:
@@ -133,6 +138,7 @@ class DepthPass:
             hidden = self.skipped_output(k, cap.inputs[k]) if identity else cap.states[k]
             self.states = cap.states[:k] + [hidden]
             self.float_states = [] if cap.sources is None else list(cap.sources[..., :k, :].unbind(-2))
+            self.inv_rms = cap.inv_rms[:len(self.float_states)]
             self.inputs = {j: x for j, x in cap.inputs.items() if j <= k}
         else:
             if n in self.idle:  # skipped: `hidden` is x_n, passed through its layers unchanged
@@ -140,9 +146,10 @@ class DepthPass:
             self.states.append(hidden)
         if n == self.n_blocks:
             if self.capture:
-                self.captured = Captured(self.states, self.sources, self.inputs)
+                self.captured = Captured(self.states, self.sources, self.inputs, self.inv_rms)
             # Drop references so activations are not kept alive between passes.
-            self.states, self.float_states, self.sources, self.inputs, self.tensors = [], [], None, {}, None
+            self.states, self.float_states, self.inv_rms, self.sources = [], [], [], None
+            self.inputs, self.tensors = {}, None
         return hidden
 
 

@@ -51,16 +51,25 @@ class DerivedCache:
         return self.value
 
 
-def router_logits(query_scaled: torch.Tensor, bias_col: torch.Tensor, sources: torch.Tensor) -> torch.Tensor:
+def inverse_rms(h: torch.Tensor) -> torch.Tensor:
+    """rsqrt(mean(h^2) + eps) over the last dimension, kept: (..., d) -> (..., 1)."""
+    return torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + RMS_EPS)
+
+
+def router_logits(query_scaled: torch.Tensor, bias_col: torch.Tensor, sources: torch.Tensor,
+                  inv_rms: torch.Tensor | None = None) -> torch.Tensor:
     """sources: h_i stacked, (B, T, n, d) float32 -> logits (B, T, n, 1).
 
     w . (RMSNorm(h_i) + b_i) / sqrt(d) = (w / sqrt(d)) . h_i * rsqrt(mean(h_i^2) + eps) + w . b_i / sqrt(d),
     so the normalised copies of the sources are never built. query_scaled: w / sqrt(d) as (1, d);
-    bias_col: w . b_i / sqrt(d) as (n, 1). The ops are those of the backbone's own RMSNorm and
-    linear layers: at decode their code is still warm from the layer that just ran, which makes
-    them several microseconds cheaper each than a norm or mv kernel run once per block.
+    bias_col: w . b_i / sqrt(d) as (n, 1); inv_rms: `inverse_rms` of the sources (B, T, n, 1), when the
+    caller keeps it per state (a pass computes it once per state, not once per block that reads it).
+    The ops are those of the backbone's own RMSNorm and linear layers: at decode their code is still
+    warm from the layer that just ran, which makes them several microseconds cheaper each than a norm
+    or mv kernel run once per block.
     """
-    inv_rms = torch.rsqrt(sources.pow(2).mean(-1, keepdim=True) + RMS_EPS)  # (B, T, n, 1)
+    if inv_rms is None:
+        inv_rms = inverse_rms(sources)  # (B, T, n, 1)
     return F.linear(sources, query_scaled) * inv_rms + bias_col
 
 
@@ -141,16 +150,16 @@ class BlockTensors(NamedTuple):
     gamma: torch.Tensor | None = None  # gamma_n = c(t) g_n, a scalar: only `interpolate` reads it
 
 
-def block_input(t: BlockTensors, sources: torch.Tensor, hidden: torch.Tensor):
+def block_input(t: BlockTensors, sources: torch.Tensor, hidden: torch.Tensor, inv_rms: torch.Tensor | None = None):
     """Block n's input x_n = h_{n-1} + gamma_n A_n(r_n - h_{n-1}), and alpha.
 
     sources: h_0..h_{n-1} (B, T, n, d) float32; hidden: h_{n-1} (B, T, d) in the backbone
-    dtype. Returns (x_n like hidden, alpha (B, T, n)). c(t) is already folded into `t.gated_up`.
+    dtype; inv_rms: the sources' `inverse_rms` (B, T, n, 1), or None to compute it. Returns (x_n like hidden, alpha (B, T, n)). c(t) is already folded into `t.gated_up`.
     At decode every op here is a fixed per-call cost, paid mostly in re-fetching its code after
     the layers in between; so it uses the backbone's own kinds of op (pointwise, mean, softmax,
     linear), whose code those layers keep warm (`benchmarks/speed.py` measures the result).
     """
-    alpha = router_logits(t.query_scaled, t.bias_col, sources).softmax(dim=-2)  # (B, T, n, 1)
+    alpha = router_logits(t.query_scaled, t.bias_col, sources, inv_rms).softmax(dim=-2)  # (B, T, n, 1)
     if t.variant == "observer":  # alpha is read (and trained by the loss's own terms), the stream is untouched
         return hidden, alpha.squeeze(-1)
     # h_{n-1} in float32: in float32 `hidden` is the very tensor stacked last in `sources`;

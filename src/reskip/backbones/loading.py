@@ -25,6 +25,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from .. import compat
 from ..cache import cache_root, sha256_file
 from ..errors import ModelNotFoundError, ReskipError
+from .dtypes import resolve_dtype
 
 
 def _package_dir(package: str, install: str) -> Path:
@@ -187,8 +188,12 @@ def load_config(name: str | None, trust_remote_code: bool = False):
     return config
 
 
-def load_backbone(name: str | None = None, dtype: torch.dtype = torch.float32, trust_remote_code: bool = False):
-    """Load (model, tokenizer) in eval mode. Checks the architecture before any weights load."""
+def load_backbone(name: str | None = None, dtype: str | torch.dtype = "auto", trust_remote_code: bool = False):
+    """Load (model, tokenizer) in eval mode. Checks the architecture before any weights load.
+
+    dtype: 'auto' (bfloat16 where the hardware computes it fast, else float32: `dtypes.resolve_dtype`),
+    'float32', 'bfloat16' or a torch dtype."""
+    dtype = resolve_dtype(dtype)
     load_config(name, trust_remote_code)
     _, source, gguf = resolve(name)
     kwargs = {"trust_remote_code": trust_remote_code}

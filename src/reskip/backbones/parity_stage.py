@@ -7,22 +7,21 @@ from pathlib import Path
 
 import torch
 
-from ..errors import ReskipError
 from ..io_atomic import atomic_write_json
 from ..runs import RunFolder
 from ..ar_retrofit.config import RetrofitConfig
 from ..ar_retrofit.parity import check_parity, tokenize_batch
 from .accounting import count_params
+from .dtypes import resolve_dtype
 from .loading import DEFAULT_BACKBONE, load_backbone
 
 PARITY_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def parity_of(model_name: str | None, dtype_name: str, config: RetrofitConfig, trust_remote_code: bool = False):
-    """Step-zero parity of the named backbone in one dtype: (check_parity's dict, the loaded backbone)."""
-    if dtype_name not in PARITY_DTYPES:
-        raise ReskipError(f"dtype must be one of {list(PARITY_DTYPES)}, got {dtype_name!r}")
-    model, tokenizer = load_backbone(model_name, PARITY_DTYPES[dtype_name], trust_remote_code)
+    """Step-zero parity of the named backbone in one dtype ('auto' resolved as `dtypes.resolve_dtype`):
+    (check_parity's dict, the loaded backbone)."""
+    model, tokenizer = load_backbone(model_name, resolve_dtype(dtype_name), trust_remote_code)
     return check_parity(model, tokenize_batch(tokenizer), config), model
 
 

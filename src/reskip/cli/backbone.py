@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from ..runs import RunFolder
-from .common import DTYPES, model_flags, retrofit_config, retrofit_flags
+from .common import dtype_flag, model_flags, retrofit_config, retrofit_flags
 
 
 def _emit(result: dict, as_json: bool, lines: list[str]) -> None:
@@ -20,10 +20,12 @@ def cmd_parity(args) -> int:
     from ..backbones.loading import DEFAULT_BACKBONE  # lazy: torch
     from ..backbones.parity_stage import parity_of  # lazy: torch
 
+    from ..backbones.dtypes import describe  # lazy: torch
+
     r, _ = parity_of(args.model, args.dtype, retrofit_config(args), args.trust_remote_code)
-    result = {"model": args.model or DEFAULT_BACKBONE, "dtype": args.dtype, **r}
+    result = {"model": args.model or DEFAULT_BACKBONE, "dtype": describe(args.dtype), **r}
     _emit(result, args.json, [
-        f"parity of {result['model']} ({args.dtype}) at c = 0 over {result['tokens']} tokens "
+        f"parity of {result['model']} ({result['dtype']}) at c = 0 over {result['tokens']} tokens "
         f"({result['padded_rows']} padded rows), {result['n_blocks']} blocks, rank {result['rank']}:",
         f"  max |logit diff| = {result['max_abs_diff']:.3g}  ->  {'EXACT' if result['equal'] else 'NOT EXACT'}",
     ])
@@ -57,7 +59,7 @@ def register(sub) -> None:
     p = sub.add_parser("parity", help="check bit-exact parity with the backbone at c = 0")
     model_flags(p)
     retrofit_flags(p)
-    p.add_argument("--dtype", choices=DTYPES, default="float32")
+    dtype_flag(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_parity)
 

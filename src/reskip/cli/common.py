@@ -12,7 +12,7 @@ from ..errors import ReskipError
 from ..ar_retrofit.config import VARIANTS, RetrofitConfig
 from ..train.config import RECIPE_RETROFIT
 
-DTYPES = ("float32", "bfloat16")
+DTYPES = ("auto", "float32", "bfloat16")  # `backbones.dtypes.DTYPE_NAMES`, without importing torch here
 
 
 class Parser(argparse.ArgumentParser):
@@ -27,7 +27,13 @@ def model_flags(p: argparse.ArgumentParser, dtype: bool = False) -> None:
                                                  "bundled SmolLM2-135M-Instruct")
     p.add_argument("--trust-remote-code", action="store_true", help="allow the model's own Python code to run")
     if dtype:
-        p.add_argument("--dtype", choices=DTYPES, default="float32")
+        dtype_flag(p)
+
+
+def dtype_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dtype", choices=DTYPES, default="auto",
+                   help="the backbone's compute dtype: auto (default) is bfloat16 on CUDA and on CPUs with AMX or "
+                        "AVX512-BF16, float32 elsewhere")
 
 
 BUDGET_FLAGS = ("steps", "batch_size", "seq_len", "lr")  # a preset's training budget, overridable by flag

@@ -5,7 +5,7 @@ The flags become one ExperimentOptions; the experiment's library code is importe
 from __future__ import annotations
 
 from ..experiments.options import EXPERIMENTS, SEED_BUDGET_BYTES, ExperimentOptions
-from .common import BUDGET_FLAGS, budget_flags, budget_values, retrofit_flags, retrofit_values
+from .common import BUDGET_FLAGS, dtype_flag, budget_flags, budget_values, retrofit_flags, retrofit_values
 
 
 def experiment_options(args) -> ExperimentOptions:
@@ -16,7 +16,8 @@ def experiment_options(args) -> ExperimentOptions:
     return ExperimentOptions(name=args.name, preset=args.preset, model=args.model, data=args.data or ["default"],
                              out=args.out, seed=args.seed, overrides=overrides, calib_sequences=args.calib_sequences,
                              test_sequences=args.test_sequences, boundaries=boundaries, budget_bytes=args.budget_bytes,
-                             context=args.context, dtype_bytes=args.dtype_bytes, arms=args.arms, quiet=args.quiet)
+                             context=args.context, dtype_bytes=args.dtype_bytes, dtype=args.dtype, arms=args.arms,
+                             quiet=args.quiet)
 
 
 def cmd_experiment(args) -> int:
@@ -58,5 +59,6 @@ def register(sub) -> None:
     p.add_argument("--context", type=int, default=None,
                    help="placement: your context length (default the model's, at most 8192)")
     p.add_argument("--dtype-bytes", type=int, default=2, help="placement: bytes per state value (default 2, bf16)")
+    dtype_flag(p)
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_experiment)

@@ -4,6 +4,7 @@ inside the handler (`lazy:`), so `reskip --help` loads no torch."""
 from __future__ import annotations
 
 from ..errors import check_range
+from .common import dtype_flag
 
 
 def cmd_lab(args) -> int:
@@ -11,7 +12,7 @@ def cmd_lab(args) -> int:
     from ..lab.session import LabSession
 
     check_range("port", args.port, 1, 65535)
-    serve(LabSession(args.run, model=args.model), args.port)
+    serve(LabSession(args.run, model=args.model, dtype=args.dtype), args.port)
     return 0
 
 
@@ -20,4 +21,5 @@ def register(sub) -> None:
     p.add_argument("run", help="a trained and calibrated run folder (e.g. the output of scripts/run.sh)")
     p.add_argument("--port", type=int, default=7860, help="port on 127.0.0.1 (default 7860)")
     p.add_argument("--model", default=None, help="backbone; default: the run's")
+    dtype_flag(p)
     p.set_defaults(func=cmd_lab)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..errors import ReskipError
 from ..report.options import DiagnoseOptions
+from .common import dtype_flag
 
 
 def cmd_diagnose(args) -> int:
@@ -16,7 +17,7 @@ def cmd_diagnose(args) -> int:
 
     path = diagnose(args.run, DiagnoseOptions(context=args.context, sequences=args.sequences,
                                               sample_tokens=args.sample_tokens, signal_sequences=args.signal_sequences,
-                                              model=args.model))
+                                              model=args.model, dtype=args.dtype))
     d = json.loads(path.read_text())
     print("routing health:")
     for r in d["routing_health"]:
@@ -57,6 +58,7 @@ def register(sub) -> None:
     p = sub.add_parser("diagnose", help="depth diagnostics of a run -> RUN/diagnostics.json")
     p.add_argument("run")
     p.add_argument("--model", default=None)
+    dtype_flag(p)
     p.add_argument("--context", type=int, default=d.context, help="context length for the memory table")
     p.add_argument("--sequences", type=int, default=d.sequences, help="test sequences for dilution")
     p.add_argument("--sample-tokens", type=int, default=d.sample_tokens, help="tokens of the per-token skip trace")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..runs import RunFolder
 from ..train.log import format_summary
-from .common import budget_flags, budget_values, retrofit_flags, retrofit_values
+from .common import dtype_flag, budget_flags, budget_values, retrofit_flags, retrofit_values
 
 
 def run_overrides(args) -> dict:
@@ -26,7 +26,7 @@ def cmd_run(args) -> int:
     from ..pipeline import PipelineConfig, run_pipeline  # lazy: torch
 
     config = PipelineConfig(preset=args.preset, model=args.model, data=args.data or ["default"],
-                            overrides=run_overrides(args), delta=args.delta)
+                            overrides=run_overrides(args), delta=args.delta, dtype=args.dtype)
     out = Path(args.resume or args.out or f"runs/run-{time.strftime('%Y%m%d-%H%M%S')}")
     t = time.time()
     state = run_pipeline(out, config, resume=bool(args.resume))
@@ -51,6 +51,7 @@ def register(sub) -> None:
     p.add_argument("--preset", choices=["quick", "medium", "standard"], default="standard")
     p.add_argument("--model", default=None, help="backbone; default: bundled SmolLM2-135M-Instruct")
     p.add_argument("--data", nargs="+", default=None, help="training data specs (default: the bundled mix)")
+    dtype_flag(p)
     budget_flags(p)
     p.add_argument("--recompute", action="store_true",
                    help="recompute the frozen layers' activations in the backward pass: the standard run under 4 GB "

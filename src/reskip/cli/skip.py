@@ -38,12 +38,10 @@ def cmd_generate(args) -> int:
     check_range("window", args.window, 1)
     check_range("max-new-tokens", args.max_new_tokens, 1)
     spec = parse_spec(args.policy, allow_path=True)
-    import torch  # lazy: torch
-
     from ..skip.scoring import generate_text  # lazy: torch
     from ..skip.session import open_run  # lazy: torch
 
-    opened = open_run(args.adapter, [spec], model=args.model, dtype=getattr(torch, args.dtype), window=args.window,
+    opened = open_run(args.adapter, [spec], model=args.model, dtype=args.dtype, window=args.window,
                       seed=args.seed, trust_remote_code=args.trust_remote_code, dense_fallback=True)
     policy = opened.policy()
     text, per_step = generate_text(opened.model, opened.tokenizer, args.prompt, policy, opened.window, raw=args.raw,

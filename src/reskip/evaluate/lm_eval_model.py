@@ -14,7 +14,6 @@ files; there the `reskip-lm-eval` command (same arguments as `lm_eval`) does the
 from __future__ import annotations
 
 import reskip_lm_eval_hook
-import torch
 from lm_eval.__main__ import cli_evaluate
 from lm_eval.models.huggingface import HFLM
 
@@ -26,9 +25,9 @@ reskip_lm_eval_hook.install()  # registers the name "reskip" (lazily, pointing a
 
 class ReskipLM(HFLM):
     def __init__(self, adapter: str, policy: str = "reskip", model: str | None = None, window: int | None = None,
-                 dtype: str = "float32", seed: int = 0, **kwargs):
+                 dtype: str = "auto", seed: int = 0, **kwargs):
         # The harness hands model_args over as strings: this is where they become objects.
-        opened = open_run(adapter, [parse_spec(policy, allow_path=True)], model=model, dtype=getattr(torch, dtype),
+        opened = open_run(adapter, [parse_spec(policy, allow_path=True)], model=model, dtype=dtype,
                           window=int(window) if window else None, seed=int(seed), dense_fallback=True)
         self.reskip_model = opened.model
         self.skip_policy = opened.policy()

@@ -35,7 +35,7 @@ class EvalOptions:
     seed: int = 0
     data: list[str] | None = None
     model: str | None = None
-    dtype: str = "float32"
+    dtype: str = "auto"  # the backbone's compute dtype: auto (bfloat16 on fast hardware), float32, bfloat16
     trust_remote_code: bool = False
     out: str | None = None
     quiet: bool = False

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
 from tqdm.auto import tqdm
 
 from ..data.packing import pack
 from ..data.sources import load_splits
+from ..backbones.dtypes import describe, resolve_dtype_name
 from ..errors import ReskipError, check_range
 from ..io_atomic import atomic_write_json, atomic_write_text
 from ..skip.session import open_run, resolve_adapter
@@ -38,6 +38,7 @@ def check_options(o: EvalOptions) -> None:
                         ("mc-limit", o.mc_limit)):
         check_range(flag, value, 1)
     check_range("seq-len", o.seq_len, 8)
+    resolve_dtype_name(o.dtype)  # an unknown name fails here
 
 
 def evaluate_run(run, options: EvalOptions = EvalOptions()) -> tuple[dict, Path]:
@@ -62,7 +63,7 @@ def evaluate_run(run, options: EvalOptions = EvalOptions()) -> tuple[dict, Path]
         heldout_splits, heldout_record = load_splits(list(options.heldout))
         if not heldout_splits["test"]:
             raise ReskipError(f"the test split of the held-out data {options.heldout} is empty")
-    opened = open_run(run, model=options.model, dtype=getattr(torch, options.dtype), window=options.window,
+    opened = open_run(run, model=options.model, dtype=options.dtype, window=options.window,
                       seed=options.seed, trust_remote_code=options.trust_remote_code)
     model, tok, window = opened.model, opened.tokenizer, opened.window
     seq_len = options.seq_len or source.seq_len
@@ -75,7 +76,8 @@ def evaluate_run(run, options: EvalOptions = EvalOptions()) -> tuple[dict, Path]
         bar.close()
         return out
 
-    print(f"[eval] {len(methods)} methods on {len(data)} test sequences x {seq_len} tokens", flush=True)
+    print(f"[eval] {len(methods)} methods on {len(data)} test sequences x {seq_len} tokens, in {describe(options.dtype)}",
+          flush=True)
     results = run_methods(data, methods, "eval")
     mc = {}
     for m in mc_methods:
@@ -85,7 +87,7 @@ def evaluate_run(run, options: EvalOptions = EvalOptions()) -> tuple[dict, Path]
     out = {
         "meta": {"adapter": str(source.adapter_dir), "policy": str(source.policy_path) if policy_file else None,
                  "sequences": len(data), "seq_len": seq_len, "chunk_size": options.chunk_size, "window": window,
-                 "n_blocks": model.n_blocks, "test_split": record["splits"]["test"], "data": specs},
+                 "n_blocks": model.n_blocks, "dtype": opened.dtype, "test_split": record["splits"]["test"], "data": specs},
         "methods": results,
         "multiple_choice": mc,
         "frontier": frontier_of(results, model.n_blocks),

@@ -88,8 +88,8 @@ def run_arm(arm: Arm, base: TrainConfig, folder: Path, measure: Measure, show=pr
     t_train = time.perf_counter() - t0
     show(f"[{arm.name}] calibrating on {measure.calib_sequences} sequences")
     policy, _ = calibrate_run(folder, CalibrateOptions(sequences=measure.calib_sequences, budgets=measure.budgets,
-                                                       chunk_size=measure.chunk_size))
-    opened = open_run(folder)
+                                                       chunk_size=measure.chunk_size, dtype=cfg.dtype))
+    opened = open_run(folder, dtype=cfg.dtype)
     model = opened.model
     n_blocks = model.n_blocks
     st = None
@@ -106,7 +106,7 @@ def run_arm(arm: Arm, base: TrainConfig, folder: Path, measure: Measure, show=pr
     result = {
         "arm": arm.name, "note": arm.note, "train": arm.train, "retrofit": cfg.retrofit_config().to_dict(),
         "params": sum(p.numel() for p in model.trainable_parameters()),
-        "n_blocks": n_blocks, "layers_per_block": [b.stop - b.start for b in model.blocks],
+        "n_blocks": n_blocks, "dtype": opened.dtype, "layers_per_block": [b.stop - b.start for b in model.blocks],
         "budget": {"steps": cfg.steps, "batch_size": cfg.batch_size, "seq_len": cfg.seq_len,
                    "tokens": cfg.steps * cfg.batch_size * cfg.seq_len},
         "curve": evals,

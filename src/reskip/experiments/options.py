@@ -35,4 +35,5 @@ class ExperimentOptions:
     budget_bytes: int = SEED_BUDGET_BYTES
     context: int | None = None
     dtype_bytes: int = 2
+    dtype: str = "auto"  # the backbone's compute dtype in every arm (auto: bfloat16 where the hardware is fast)
     quiet: bool = False

@@ -159,7 +159,7 @@ def run(options: ExperimentOptions, base: TrainConfig, header: dict, show=print)
     k_share = max(2, round(L * k_seed / seed["n_layers"]))
     k_half = max(2, round(L * k_seed / 2 / seed["n_layers"]))
     splits, _ = load_splits(base.data)
-    model, tok = load_backbone(base.model, torch.float32, base.trust_remote_code)
+    model, tok = load_backbone(base.model, base.dtype, base.trust_remote_code)  # states are read in float32
     # Enough fitting tokens for 2 d + 1 coefficients per dropped state (at most 16,384: the states are held whole).
     n_fit = options.calib_sequences or min(4 * PRESETS[options.preset]["calibrate"]["sequences"], 16384 // base.seq_len)
     n_test = options.test_sequences or 2 * PRESETS[options.preset]["diagnose"]["signal_sequences"]

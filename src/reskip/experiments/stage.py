@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from ..backbones.dtypes import resolve_dtype_name
 from ..backbones.loading import DEFAULT_BACKBONE, load_config
 from ..data.sources import load_splits
 from ..ar_retrofit.blocks import partition_layers
@@ -66,7 +67,8 @@ def _base(options: ExperimentOptions, check: bool = True):
         overrides["eval_every"] = max(1, steps // 10)
     # an arm's A(n) is its calibration's; the skip-branch KL at every validation would be one more pass per block
     overrides.setdefault("skip_kl_curve", False)
-    pc = PipelineConfig(options.preset, options.model, list(options.data), overrides)
+    pc = PipelineConfig(options.preset, options.model, list(options.data), overrides,
+                        dtype=resolve_dtype_name(options.dtype))
     if check:
         pc.check()
     return pc.train_config()
@@ -133,7 +135,7 @@ def _arms(options: ExperimentOptions, folder: Path, show) -> dict:
 
 def _header(options: ExperimentOptions, base) -> dict:
     return {"experiment": options.name, "preset": options.preset, "model": options.model or DEFAULT_BACKBONE,
-            "data": list(base.data), "seed": options.seed,
+            "data": list(base.data), "seed": options.seed, "dtype": base.dtype,
             "budget": {"steps": base.steps, "batch_size": base.batch_size, "seq_len": base.seq_len,
                        "tokens": base.steps * base.batch_size * base.seq_len}}
 

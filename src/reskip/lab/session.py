@@ -23,8 +23,8 @@ DIRECTIONS = ("better", "worse", "unchanged")
 
 
 class LabSession:
-    def __init__(self, run, model: str | None = None):
-        self.opened = open_run(run, model=model, require_policy=True)
+    def __init__(self, run, model: str | None = None, dtype: str = "auto"):
+        self.opened = open_run(run, model=model, dtype=dtype, require_policy=True)
         self.model, self.tokenizer = self.opened.model, self.opened.tokenizer
         self.policy_file = self.opened.policy_file
         self.has_shortcut = bool(self.model.side_channel.shortcuts)

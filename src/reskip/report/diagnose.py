@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from ..backbones.dtypes import describe
 from ..backbones.loading import DEFAULT_BACKBONE
 from ..data.packing import pack
 from ..data.sources import load_splits
@@ -29,13 +30,14 @@ def diagnose(run, options: DiagnoseOptions = DiagnoseOptions()) -> Path:
     for flag, value, lo in (("context", options.context, 1), ("sequences", options.sequences, 1),
                             ("sample-tokens", options.sample_tokens, 1), ("signal-sequences", options.signal_sequences, 0)):
         check_range(flag, value, lo)
-    opened = open_run(run, model=options.model)
+    opened = open_run(run, model=options.model, dtype=options.dtype)
+    print(f"[diagnose] in {describe(options.dtype)}", flush=True)
     source, model, tok, policy = opened.source, opened.model, opened.tokenizer, opened.policy_file
     context, sample_tokens = options.context, options.sample_tokens
     splits, _ = load_splits(source.data_specs)
     data = pack(tok, splits["test"], source.seq_len, options.sequences, seed=1)
     cfg = model.base_model.config
-    result = {"model": source.model_name or DEFAULT_BACKBONE, "n_blocks": model.n_blocks,
+    result = {"model": source.model_name or DEFAULT_BACKBONE, "dtype": opened.dtype, "n_blocks": model.n_blocks,
               "blocks": inclusive_ranges(model.blocks)}
     result["dilution"] = dilution(model, data.input_ids)
     starts = [b.start for b in model.blocks]

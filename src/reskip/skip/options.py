@@ -25,7 +25,7 @@ class CalibrateOptions:
     seq_len: int | None = None
     data: list[str] | None = None
     model: str | None = None
-    dtype: str = "float32"
+    dtype: str = "auto"  # the backbone's compute dtype: auto (bfloat16 on fast hardware), float32, bfloat16
     trust_remote_code: bool = False
     out: str | None = None
     budgets: tuple[float, ...] = field(default_factory=lambda: DEFAULT_BUDGETS)

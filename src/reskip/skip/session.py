@@ -16,6 +16,7 @@ from typing import Sequence
 
 import torch
 
+from ..backbones.dtypes import resolve_dtype_name
 from ..backbones.loading import load_backbone
 from ..errors import AdapterError
 from ..ar_retrofit.config import ADAPTER_CONFIG_NAME
@@ -81,7 +82,7 @@ def resolve_adapter(path) -> AdapterSource:
     raise AdapterError(f"{path} is neither a run folder (with adapter/) nor an adapter folder (with {ADAPTER_CONFIG_NAME})")
 
 
-def load_retrofitted(source: AdapterSource, model: str | None = None, dtype=torch.float32,
+def load_retrofitted(source: AdapterSource, model: str | None = None, dtype: str | torch.dtype = "auto",
                      trust_remote_code: bool = False):
     """(ReskipModel, tokenizer) for the source's adapter on its backbone (or `model`)."""
     base, tokenizer = load_backbone(model or source.model_name, dtype, trust_remote_code)
@@ -97,13 +98,14 @@ class InferenceRun:
     window: int
     specs: list[Spec] = field(default_factory=list)  # after the dense fallback
     seed: int = 0
+    dtype: str = "float32"  # the backbone's compute dtype, resolved ('auto' never appears here)
 
     def policy(self, spec: Spec | None = None) -> SkipPolicy:
         """The policy of `spec` (default: the first spec opened with) from this run's policy file."""
         return make_policy(spec or self.specs[0], self.policy_file, self.seed)
 
 
-def open_run(path, specs: Sequence[Spec] = (), *, model: str | None = None, dtype=torch.float32,
+def open_run(path, specs: Sequence[Spec] = (), *, model: str | None = None, dtype: str | torch.dtype = "auto",
              window: int | None = None, seed: int = 0, trust_remote_code: bool = False,
              dense_fallback: bool = False, require_policy: bool = False) -> InferenceRun:
     """Open `path` for inference under `specs` (policies; methods such as `backbone` pass through).
@@ -125,4 +127,5 @@ def open_run(path, specs: Sequence[Spec] = (), *, model: str | None = None, dtyp
     if policy_file is not None:
         policy_file.check_model(rm)
     window = window or (policy_file.data["window"] if policy_file else DEFAULT_WINDOW)
-    return InferenceRun(source, rm, tokenizer, policy_file, window, list(specs), seed)
+    dtype_name = resolve_dtype_name(next(rm.base_model.parameters()).dtype)
+    return InferenceRun(source, rm, tokenizer, policy_file, window, list(specs), seed, dtype_name)

@@ -5,12 +5,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import torch
-
 from ..data.packing import pack
 from ..data.sources import load_splits
 from ..ar_retrofit.adapter_io import read_adapter_config
 from ..ar_retrofit.model_card import write_card
+from ..backbones.dtypes import describe, resolve_dtype_name
 from ..errors import ReskipError, check_range
 from .budget import calibrate_budgets
 from .calibration import calibrate
@@ -26,6 +25,7 @@ def check_options(o: CalibrateOptions) -> None:
                                 ("sequences", o.sequences, 1, None), ("seq-len", o.seq_len, 8, None),
                                 ("chunk-size", o.chunk_size, 1, None)):
         check_range(flag, value, lo, hi)
+    resolve_dtype_name(o.dtype)  # an unknown name fails here
     for b in o.budgets:
         if not (isinstance(b, (int, float)) and b > 0 and b == b):
             raise ReskipError(f"--budgets: every budget must be a number > 0 (blocks skipped per step), got {b!r}")
@@ -39,13 +39,15 @@ def calibrate_run(run, options: CalibrateOptions = CalibrateOptions()) -> tuple[
     splits, record = load_splits(source_specs)
     if not splits["calib"]:
         raise ReskipError(f"the calibration split of {source_specs} is empty: give more documents")
-    opened = open_run(run, model=options.model, dtype=getattr(torch, options.dtype),
+    opened = open_run(run, model=options.model, dtype=options.dtype,
                       trust_remote_code=options.trust_remote_code)
     seq_len = options.seq_len or source.seq_len
     data = pack(opened.tokenizer, splits["calib"], seq_len, options.sequences, seed=0)
-    print(f"[calibrate] {len(data)} sequences x {seq_len} tokens from the calibration split of {source_specs}", flush=True)
+    print(f"[calibrate] {len(data)} sequences x {seq_len} tokens from the calibration split of {source_specs}, "
+          f"in {describe(options.dtype)}", flush=True)
     policy = calibrate(opened.model, data, options.delta, options.quantile, options.window, options.max_skips,
                        data_record={"specs": source_specs, "split": "calib", **record["splits"]["calib"]})
+    policy.data["calibration"]["dtype"] = opened.dtype
     if options.budgets:
         print(f"[calibrate] budget frontier at {', '.join(f'{b:g}' for b in options.budgets)} blocks per step "
               f"(steps of {options.chunk_size} tokens)", flush=True)

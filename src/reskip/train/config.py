@@ -45,7 +45,9 @@ class TrainConfig:
     """
 
     model: str | None = None
-    dtype: str = "float32"
+    # The frozen backbone's compute dtype: auto (bfloat16 on CUDA and on CPUs with AMX or AVX512-BF16, else
+    # float32; written resolved into config.yaml), float32 or bfloat16. The side-channel stays float32.
+    dtype: str = "auto"
     trust_remote_code: bool = False
     data: list[str] = field(default_factory=lambda: ["default"])
     data_weights: dict[str, float] | None = None
@@ -120,7 +122,7 @@ class TrainConfig:
             isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w) and w >= 0
             for w in self.data_weights.values())), f"data_weights must map sources to weights >= 0, got {self.data_weights!r}")
         need(isinstance(self.retrofit, dict), f"retrofit must be a mapping of retrofit keys, got {self.retrofit!r}")
-        need(self.dtype in ("float32", "bfloat16"), f"dtype must be float32 or bfloat16, got {self.dtype!r}")
+        need(self.dtype in ("auto", "float32", "bfloat16"), f"dtype must be auto, float32 or bfloat16, got {self.dtype!r}")
         for name in ("seq_len", "steps", "batch_size", "grad_accum", "eval_sequences", "eval_every", "save_every", "log_every",
                      "skip_max_blocks"):
             v = getattr(self, name)

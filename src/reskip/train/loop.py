@@ -7,14 +7,15 @@ function of the step and the seed, so a resumed run continues exactly.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Callable
 
 import torch
 from accelerate import Accelerator
-from tqdm.auto import tqdm
 
+from ..backbones.dtypes import describe, resolve_dtype_name
 from ..backbones.loading import DEFAULT_BACKBONE, load_backbone, load_config
 from ..data.packing import Packed, pack
 from ..data.sources import load_splits
@@ -22,6 +23,7 @@ from ..errors import ReskipError
 from ..io_atomic import atomic_write_json, atomic_write_text
 from ..ar_retrofit.blocks import retrofit_blocks
 from ..ar_retrofit.model import ReskipModel, retrofit
+from ..progress import Progress
 from ..runs import RunFolder
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import TrainConfig
@@ -80,6 +82,8 @@ def train(
                               log_with=cfg.report_to, project_dir=run_dir if cfg.report_to else None)
     world, rank = accelerator.num_processes, accelerator.process_index
     cfg.validate(world_size=world)
+    # config.yaml, the adapter and a resumed run keep the dtype 'auto' resolved to on this hardware
+    asked, cfg = cfg.dtype, dataclasses.replace(cfg, dtype=resolve_dtype_name(cfg.dtype, accelerator.device))
     run_dir = Path(run_dir)
     files = RunFolder(run_dir)
     log_path = files.train_log
@@ -89,7 +93,10 @@ def train(
     drawable = cfg.drawable_blocks(n_blocks)
 
     torch.manual_seed(cfg.seed)
-    base, tokenizer = load_backbone(cfg.model, getattr(torch, cfg.dtype), cfg.trust_remote_code)
+    if accelerator.is_main_process and show_progress:
+        print(f"[train] {cfg.steps} steps x {cfg.batch_size} x {cfg.seq_len} tokens, backbone in {describe(asked)}",
+              flush=True)
+    base, tokenizer = load_backbone(cfg.model, cfg.dtype, cfg.trust_remote_code)
     model = retrofit(base, rcfg, seed=cfg.seed)
     train_data, val_data = prepare_data(cfg, tokenizer, splits)
     optimizer = torch.optim.AdamW(parameter_groups(model, cfg), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -139,7 +146,7 @@ def train(
         run_eval(0)
     micro = cfg.batch_size // (world * cfg.grad_accum)
     n_train = len(train_data)
-    bar = tqdm(total=cfg.steps, initial=start, disable=not (main and show_progress), desc="train", unit="step")
+    bar = Progress(cfg.steps, "train", initial=start, enabled=main and show_progress)
     t0 = time.time()
     for step in range(start, cfg.steps):
         c = curriculum(step, cfg.steps, cfg.hold_frac, cfg.ramp_end_frac)
@@ -188,8 +195,7 @@ def train(
                  "entropy": ent, "signal_corr": sig, "skip_block": k,
                  **({"skip_blocks": dropped} if cfg.skip_max_blocks > 1 else {}),
                  **({"local": local} if cfg.lambda_local > 0 else {}), "tokens_seen": tokens_seen, "processes": world, "elapsed_s": time.time() - t0})
-        bar.set_postfix(loss=f"{loss:.3f}", ce=f"{ce:.3f}", kl=f"{kl:.3f}", c=f"{c:.2f}")
-        bar.update(1)
+        bar.update(1, loss=f"{loss:.3f}", ce=f"{ce:.3f}", kl=f"{kl:.3f}", c=f"{c:.2f}")
         if done % cfg.eval_every == 0 or done == cfg.steps:
             run_eval(done)
         if done % cfg.save_every == 0 or done == cfg.steps:
@@ -204,7 +210,7 @@ def train(
         model.set_curriculum(1.0 if cfg.steps else 0.0)
         summary = summarize(log_path, wall_s=time.time() - t0)
         # What the adapter's model card tells (`ar_retrofit.model_card`), kept with it in adapter_config.json.
-        card = {"model": cfg.model or DEFAULT_BACKBONE,
+        card = {"model": cfg.model or DEFAULT_BACKBONE, "dtype": cfg.dtype,
                 "training": {"data": list(cfg.data), "data_weights": cfg.data_weights, "steps": cfg.steps,
                              "batch_size": cfg.batch_size, "seq_len": cfg.seq_len, "lr": cfg.lr},
                 "measured": {"ppl_backbone": summary["ppl_backbone"], "ppl_start": summary["ppl_full"]["start"],
