@@ -88,47 +88,50 @@ def head_logits(h: torch.Tensor, head) -> torch.Tensor:
     """float32 logits (B, T, V) of final hidden states h (B, T, d) through head = `compat.output_head(model)`:
     the same operations as the family's forward, so the same values as its `.logits`."""
     weight, bias, softcap = head
-    return _capped(F.linear(h, weight, bias), softcap)[0]
+    return _capped(F.linear(h, weight, bias), softcap)[0].float()
 
 
 def _capped(u: torch.Tensor, softcap) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """float32 logits from raw head outputs u (N, V), and d logits / d u (None without a soft-cap)."""
+    """Logits from raw head outputs u (N, V) in u's dtype, as the family's forward computes them, and
+    d logits / d u in float32 (None without a soft-cap)."""
     if softcap is None:
-        return u.float(), None
+        return u, None
     t = torch.tanh(u / softcap)
-    return (t * softcap).float(), 1 - t.float() ** 2
+    return t * softcap, 1 - t.float() ** 2
 
 
-def chunk_terms(ut: torch.Tensor, uf: torch.Tensor, us: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor,
-                softcap: float | None, want_costs: bool):
-    """One chunk's share of CE(full) and KL(teacher || skip), and their gradients, from the LM head's raw
-    outputs (N, V) of the teacher, full and skip passes (in the model's dtype; consumed: float32 ones are
-    overwritten). targets (N,) >= 0, valid (N,) bool: positions with a target.
+def chunk_terms(zt: torch.Tensor, zf: torch.Tensor, zs: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor,
+                cap_f: torch.Tensor | None, cap_s: torch.Tensor | None, want_costs: bool):
+    """One chunk's share of CE(full) and KL(teacher || skip), and their gradients, from the logits (N, V) of the
+    teacher, full and skip passes in the model's dtype (consumed: float32 ones are overwritten). targets (N,) >= 0,
+    valid (N,) bool: positions with a target; cap_f, cap_s: d logits / d head output (N, V) float32 under a
+    soft-cap, else None.
 
-    Returns float32 sums ce and kl; dz_full, dz_skip (N, V): d ce / d uf and d kl / d us in uf's dtype;
-    costs (N,) = skip NLL - full NLL (0 where not valid), or None. Every reduction is in float32; each
-    (N, V) array is read as few times as eager PyTorch allows (logsumexp, then exp of the shifted logits in
-    place), and `torch.compile` fuses what is left where it pays (`fusion.fused`)."""
+    Returns float32 sums ce and kl; dz_full, dz_skip (N, V): d ce / d (full head output) and d kl / d (skip head
+    output) in zf's dtype; costs (N,) = skip NLL - full NLL (0 where not valid), or None. Every reduction is in
+    float32; each (N, V) array is read as few times as eager PyTorch allows (logsumexp, then exp of the shifted
+    logits in place), and `torch.compile` fuses what is left where it pays (`fusion.fused`)."""
     picked = targets.unsqueeze(-1)  # (N, 1)
     keep = valid.unsqueeze(-1)  # (N, 1)
-    zt, _ = _capped(ut, softcap)
+    dtype = zf.dtype
+    zt = zt.float()
     lse_t = zt.logsumexp(-1, keepdim=True)  # (N, 1)
     p = zt.sub(lse_t).exp_()  # p_teacher, (N, V)
     kl = torch.linalg.vecdot(p, zt).sum() - lse_t.sum()  # sum p log p = sum p z - logsumexp z, as sum p = 1
     del zt
-    zf, cap_f = _capped(uf, softcap)
+    zf = zf.float()
     lse_f = zf.logsumexp(-1, keepdim=True)  # (N, 1)
     nll_f = (lse_f - zf.gather(-1, picked)).squeeze(-1) * valid  # (N,)
     dz_full = zf.sub_(lse_f).exp_().scatter_add_(-1, picked, torch.full_like(lse_f, -1.0))  # softmax - onehot
     dz_full = (dz_full if cap_f is None else dz_full.mul_(cap_f)).mul_(keep)
-    zs, cap_s = _capped(us, softcap)
+    zs = zs.float()
     lse_s = zs.logsumexp(-1, keepdim=True)
     kl = kl + lse_s.sum() - torch.linalg.vecdot(p, zs).sum()
     costs = (lse_s - zs.gather(-1, picked)).squeeze(-1) * valid - nll_f if want_costs else None
     dz_skip = zs.sub_(lse_s).exp_().sub_(p)  # softmax(zs) - p
     if cap_s is not None:
         dz_skip.mul_(cap_s)
-    return nll_f.sum(), kl, dz_full.to(uf.dtype), dz_skip.to(us.dtype), costs
+    return nll_f.sum(), kl, dz_full.to(dtype), dz_skip.to(dtype), costs
 
 
 class _HeadLosses(torch.autograd.Function):
@@ -151,9 +154,11 @@ class _HeadLosses(torch.autograd.Function):
             t = targets[:, sl].reshape(-1)  # (N,) with N = B c
             # Each chunk as a 2-D (N, d) matrix: on a 3-D slice, which is not contiguous when B > 1, the
             # product falls back to a batched one that first copies the (V, d) head once per row.
-            u = [F.linear(h[:, sl].reshape(-1, d), weight, bias) for h in (h_teacher, h_full, h_skip)]  # (N, V) each
-            c_ce, c_kl, dz_full, dz_skip, c_costs = terms(*u, t.clamp_min(0), t != -100, softcap, want_costs)
-            del u
+            # the soft-cap, where the family has one, is applied as its forward does (in the model's dtype)
+            (zt, _), (zf, cap_f), (zs, cap_s) = (_capped(F.linear(h[:, sl].reshape(-1, d), weight, bias), softcap)
+                                                 for h in (h_teacher, h_full, h_skip))  # (N, V) each
+            c_ce, c_kl, dz_full, dz_skip, c_costs = terms(zt, zf, zs, t.clamp_min(0), t != -100, cap_f, cap_s, want_costs)
+            del zt, zf, zs, cap_f, cap_s
             ce += c_ce
             kl += c_kl
             if want_costs:
