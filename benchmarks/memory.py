@@ -41,6 +41,7 @@ import torch
 
 from reskip import load_backbone, retrofit
 from reskip.backbones.accounting import architecture_config
+from reskip.backbones.dtypes import resolve_dtype_name
 from reskip.data.packing import Packed
 from reskip.evaluate.methods import Method, evaluate_methods
 from reskip.skip.calibration import calibrate
@@ -125,12 +126,14 @@ def main(argv=None):
     ap.add_argument("--random-config", default=None, help="instead: a shipped architecture with random weights")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq-len", type=int, default=256)
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                    help="auto: bfloat16 on CUDA and on CPUs with AMX or AVX512-BF16, else float32")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--rank", type=int, default=None, help="adapter rank (default: the retrofit's)")
     ap.add_argument("--loss-chunk", type=int, default=64, help="positions per chunk of the chunked-loss step")
     ap.add_argument("--val-batch", type=int, default=None, help="sequences per validation batch (default: --batch)")
     args = ap.parse_args(argv)
+    args.dtype = resolve_dtype_name(args.dtype, args.device)
     dtype = getattr(torch, args.dtype)
 
     torch.manual_seed(0)

@@ -11,6 +11,9 @@ that alternate between the two (the least drift). One JSON line, with the target
 
     python benchmarks/speed.py --adapter RUN [--policy reskip] [--repeats 5]
     python benchmarks/speed.py --random-config Qwen3-4B --dtype bfloat16 --device cuda  # GPU check
+    python benchmarks/speed.py --adapter RUN --dtype float32  # the float32 figures alone
+Where the dtype (`--dtype auto` by default) is not float32, a float32 copy of the backbone is timed beside the
+others (`backbone_float32`), so the dtype's gain is a ratio measured in the same run.
 Targets: the side-channel costs at most 3% when nothing is skipped (retrofit vs backbone);
 ReSkip reaches at least 0.9 of its ideal speed-up.
 """
@@ -28,6 +31,8 @@ from transformers import DynamicCache
 
 from reskip import RetrofitConfig, retrofit
 from reskip.backbones.accounting import architecture_config
+from reskip.backbones.dtypes import resolve_dtype_name
+from reskip.backbones.loading import load_backbone
 from reskip.cli.common import Parser  # usage errors on one line, exit 2, as every reskip command
 from reskip.compat import cache_kwarg
 from reskip.errors import ReskipError
@@ -40,9 +45,11 @@ from transformers import AutoModelForCausalLM
 
 @contextlib.contextmanager
 def running(rm, policy, window, backbone=False):
-    """Yields (model to call, skip runtime): the bare backbone (wrappers removed, no runtime) or the
-    retrofit under `policy`."""
-    if backbone:
+    """Yields (model to call, skip runtime): the bare backbone (wrappers removed, no runtime), another model
+    given as `backbone` (the float32 baseline), or the retrofit under `policy`."""
+    if isinstance(backbone, torch.nn.Module):
+        yield backbone, None
+    elif backbone:
         with rm.backbone_only() as base:
             yield base, None
     else:
@@ -119,6 +126,15 @@ def interleaved_overhead(rm, ids, window, steps, rounds) -> float:
     return statistics.median(ratios) - 1
 
 
+def method_table(policies: dict, base32) -> dict:
+    """name -> (policy, backbone): the bare backbone, the float32 copy when there is one, the retrofit without
+    skipping and each skipping policy."""
+    methods = {"backbone": (None, True)}
+    if base32 is not None:
+        methods["backbone_float32"] = (None, base32)
+    return {**methods, "retrofit": (NoSkip(), False), **{n: (p, False) for n, p in policies.items()}}
+
+
 def ideal_speedup(rm, skipped_blocks_mean: float) -> dict:
     """Per-token FLOPs of the retrofit, and the speed-up if only FLOPs mattered."""
     cfg = rm.base_model.config
@@ -140,7 +156,8 @@ def main(argv=None):
     source.add_argument("--random-config", help="instead: a shipped architecture with random weights (e.g. Qwen3-4B)")
     ap.add_argument("--policy", default="reskip", help=GRAMMAR)
     ap.add_argument("--static-k", type=int, default=None, help="default: ReSkip's mean skipped blocks, rounded")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                    help="auto: bfloat16 on CUDA and on CPUs with AMX or AVX512-BF16, else float32")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--prefill-len", type=int, default=512)
@@ -155,11 +172,16 @@ def main(argv=None):
 
 
 def run(args):
-    dtype = getattr(torch, args.dtype)
+    dtype_name = resolve_dtype_name(args.dtype, args.device)
+    dtype = getattr(torch, dtype_name)
+    base32 = None
     if args.random_config:
         cfg = architecture_config(args.random_config)
         torch.manual_seed(0)
         base = AutoModelForCausalLM.from_config(cfg, dtype=dtype).to(args.device).eval()
+        if dtype != torch.float32:
+            torch.manual_seed(0)
+            base32 = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).to(args.device).eval()
         rm = retrofit(base, RetrofitConfig())
         rm.set_curriculum(1.0)
         k = args.static_k or 2
@@ -174,9 +196,11 @@ def run(args):
         rm, pf, window = opened.model.to(args.device), opened.policy_file, opened.window
         policies = {"reskip": opened.policy()}
         label = str(opened.source.folder)
+        if dtype != torch.float32:
+            base32 = load_backbone(opened.source.model_name, "float32")[0].to(args.device)
     vocab = rm.base_model.config.vocab_size
     g = torch.Generator().manual_seed(0)
-    report = {"model": label, "dtype": args.dtype, "device": args.device, "threads": torch.get_num_threads(),
+    report = {"model": label, "dtype": dtype_name, "device": args.device, "threads": torch.get_num_threads(),
               "prompt_len": args.prompt_len, "decode_steps": args.decode_steps, "repeats": args.repeats,
               "targets": {"router_overhead_no_skip_max": 0.03, "measured_over_ideal_min": 0.9}}
 
@@ -188,7 +212,7 @@ def run(args):
             # a fractional mean is matched by a mix of k and k + 1 static blocks across steps
             k = args.static_k if args.static_k is not None else round(mean, 2)
             policies["static"] = pf.static(min(k, len(pf.eligible()))) if pf.eligible() and k > 0 else NoSkip()
-        methods = {"backbone": (None, True), "retrofit": (NoSkip(), False), **{n: (p, False) for n, p in policies.items()}}
+        methods = method_table(policies, base32)
         for name, (pol, bb) in methods.items():  # warm-up
             decode_run(rm, ids, pol, window, 2, backbone=bb)
         times = {n: [] for n in methods}
@@ -214,12 +238,14 @@ def run(args):
             row[f"{n}_measured_over_ideal"] = measured / ideal["ideal_speedup"]
             row[f"{n}_gain_over_ideal_gain"] = ((measured - 1) / (ideal["ideal_speedup"] - 1)
                                                 if ideal["ideal_speedup"] > 1 else None)
+        if base32 is not None:
+            row["backbone_vs_float32"] = row["decode_tok_s_backbone"] / row["decode_tok_s_backbone_float32"]
         report[f"batch_{bsz}"] = row
         for n in policies:
             row[f"{n}_decode_vs_backbone"] = row[f"decode_tok_s_{n}"] / row["decode_tok_s_backbone"]
 
     ids = torch.randint(3, vocab, (1, args.prefill_len), generator=g).to(args.device)
-    methods = {"backbone": (None, True), "retrofit": (NoSkip(), False), **{n: (p, False) for n, p in policies.items()}}
+    methods = method_table(policies, base32)
     for name, (pol, bb) in methods.items():
         prefill_run(rm, ids, pol, window, backbone=bb)
     pre = {n: [] for n in methods}
@@ -229,6 +255,8 @@ def run(args):
     prefill = report[f"prefill_{args.prefill_len}"] = {f"tok_s_{n}": args.prefill_len / statistics.median(v)
                                                        for n, v in pre.items()}
     prefill["router_overhead_no_skip"] = paired_overhead(pre["retrofit"], pre["backbone"])
+    if base32 is not None:
+        prefill["backbone_vs_float32"] = prefill["tok_s_backbone"] / prefill["tok_s_backbone_float32"]
     if not args.random_config:
         report["summary"] = quality_and_speed(opened.source.files.eval_dir / "results.json", args.policy, report)
         print(report["summary"], file=sys.stderr)

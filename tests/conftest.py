@@ -128,3 +128,20 @@ def tiny_trained_run(tmp, calibrate: list[str] | None = None):
     if calibrate is not None:
         assert main(["calibrate", "--adapter", str(run), "--sequences", "4", "--delta", "100", *calibrate]) == 0
     return run
+
+
+@pytest.fixture
+def tiny_run(tmp_path):
+    """A TrainConfig factory for a tiny llama on a random-word corpus (4 steps of 4 x 16 tokens); keys override."""
+    from reskip.train.config import TrainConfig
+
+    model_dir = save_tiny(tmp_path / "model", "llama")
+    data_dir = write_corpus(tmp_path / "corpus")
+
+    def config(**kw):
+        base = dict(model=str(model_dir), data=[str(data_dir)], seq_len=16, steps=4, batch_size=4,
+                    eval_every=2, save_every=2, eval_sequences=4, lr=1e-2, retrofit={"block_size": 2, "rank": 8})
+        base.update(kw)
+        return TrainConfig(**base)
+
+    return config

@@ -22,7 +22,6 @@ from reskip.skip.scoring import generate
 from reskip.train.config import TrainConfig
 from reskip.train.loop import train
 from reskip.train.objective import RetrofitObjective
-from test_training import tiny_run  # noqa: F401  (the fixture)
 
 
 def _hardware(monkeypatch, cuda: bool = False, cuda_bf16: bool = False, **cpu):
@@ -57,7 +56,7 @@ def test_an_unknown_dtype_is_refused():
         dtypes.resolve_dtype_name("float16")
 
 
-def test_training_writes_the_resolved_dtype_and_resumes_exactly_in_bfloat16(tiny_run, tmp_path, monkeypatch):  # noqa: F811
+def test_training_writes_the_resolved_dtype_and_resumes_exactly_in_bfloat16(tiny_run, tmp_path, monkeypatch):
     _hardware(monkeypatch, amx_bf16=True)  # auto -> bfloat16 on any machine the suite runs on
     train(tiny_run(dtype="auto"), tmp_path / "straight", show_progress=False)
     cfg = yaml.safe_load((tmp_path / "straight" / "config.yaml").read_text())

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from conftest import batch, save_tiny, tiny_model, write_corpus
+from conftest import batch, tiny_model
 from reskip import ReskipError, RetrofitConfig, retrofit
 from reskip.ar_retrofit.adapter_io import WEIGHTS_NAME
 from reskip.ar_retrofit.model import load_adapter
@@ -77,20 +77,6 @@ def test_continuing_after_block_one_equals_the_full_pass():
         with rm.continuing(teacher, 1):
             shared = rm(input_ids=ids, use_cache=False).logits
     assert torch.equal(full, shared)
-
-
-@pytest.fixture
-def tiny_run(tmp_path):
-    model_dir = save_tiny(tmp_path / "model", "llama")
-    data_dir = write_corpus(tmp_path / "corpus")
-
-    def config(**kw):
-        base = dict(model=str(model_dir), data=[str(data_dir)], seq_len=16, steps=4, batch_size=4,
-                    eval_every=2, save_every=2, eval_sequences=4, lr=1e-2, retrofit={"block_size": 2, "rank": 8})
-        base.update(kw)
-        return TrainConfig(**base)
-
-    return config
 
 
 def test_training_writes_run_files_and_changes_only_the_side_channel(tiny_run, tmp_path):

@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 
 MIN_ELEMENTS = 1 << 22  # per (N, V) array: below about 4M values compiling does not pay for itself
-_compiled: dict[Callable, Callable] = {}
+_compiled: dict[tuple[Callable, bool], Callable] = {}
 _failed: set[Callable] = set()
 
 
@@ -26,14 +26,16 @@ def compile_enabled() -> bool:
     return os.environ.get("RESKIP_COMPILE", "1") != "0" and hasattr(torch, "compile")
 
 
-def fused(fn: Callable, elements: int) -> Callable:
+def fused(fn: Callable, elements: int, dynamic: bool = False) -> Callable:
     """`fn` compiled (once per process) when arrays of `elements` values make it pay and compiling works;
-    otherwise `fn` itself. The compiled function computes the same values up to float rounding."""
+    otherwise `fn` itself. The compiled function computes the same values up to float rounding.
+    dynamic: one compiled kernel for every input size (for callers whose sizes vary), instead of one per size."""
     if elements < MIN_ELEMENTS or fn in _failed or not compile_enabled():
         return fn
-    if fn not in _compiled:
-        _compiled[fn] = _with_fallback(fn, torch.compile(fn, dynamic=False))
-    return _compiled[fn]
+    key = (fn, dynamic)
+    if key not in _compiled:
+        _compiled[key] = _with_fallback(fn, torch.compile(fn, dynamic=dynamic))
+    return _compiled[key]
 
 
 def _with_fallback(fn: Callable, compiled: Callable) -> Callable:

@@ -13,13 +13,33 @@ def next_token_targets(labels: torch.Tensor) -> torch.Tensor:
     return F.pad(labels[:, 1:], (0, 1), value=-100)
 
 
+def token_nll(z: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """-log softmax(z)[target] in float32 for logits z (N, V) in any dtype and targets (N,); 0 where the target
+    is -100. logsumexp(z) - z[target]: no (N, V) log-probabilities are written, and compiled (`fusion.fused`)
+    the float32 copy of z is never written either."""
+    valid = targets != -100
+    zf = z.float()
+    return (zf.logsumexp(-1) - zf.gather(-1, targets.clamp_min(0).unsqueeze(-1)).squeeze(-1)) * valid
+
+
+def _nll(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Next-token NLL per position (B, T) of logits (B, T, V): `token_nll`, fused where it pays, when no gradient
+    is needed; torch's `cross_entropy` (whose backward autograd knows) when one is."""
+    targets = next_token_targets(labels)  # (B, T)
+    z, t = logits.flatten(0, 1), targets.flatten()
+    if torch.is_grad_enabled() and logits.requires_grad:
+        nll = F.cross_entropy(z.float(), t, ignore_index=-100, reduction="none")
+    else:
+        nll = fused(token_nll, z.numel(), dynamic=True)(z, t)
+    return nll.view(targets.shape)
+
+
 def ce_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Next-token cross-entropy summed over labelled positions. logits (B, T, V), labels (B, T).
 
     The labels are shifted, not the logits: slicing (B, T, V) logits would copy them.
     """
-    targets = next_token_targets(labels)  # (B, T)
-    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100, reduction="sum")
+    return _nll(logits, labels).sum()
 
 
 @torch.no_grad()
@@ -78,9 +98,7 @@ def entropy_per_block(alphas: dict) -> dict[int, float]:
 
 def ce_tokens(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Next-token cross-entropy per position (B, T); 0 where there is no labelled target (like `ce_sum`)."""
-    targets = next_token_targets(labels)  # (B, T)
-    ce = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100, reduction="none")
-    return ce.view(targets.shape)
+    return _nll(logits, labels)
 
 
 @torch.no_grad()
