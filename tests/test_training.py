@@ -341,3 +341,18 @@ def test_skip_kl_at_the_ends_only_logs_less_and_trains_the_same(tiny_run, tmp_pa
         assert {k: v for k, v in x.items() if k != "skip_kl" or "skip_kl" in y} == y
     with pytest.raises(ReskipError, match="skip_kl_curve must be true or false"):
         tiny_run(skip_kl_curve="no").validate()
+
+
+def test_numbers_are_read_as_yaml_1_2_on_flags_and_in_config_files(tmp_path):
+    """`1e-3` is a float (YAML 1.2, JSON), not the string YAML 1.1 makes of it."""
+    from reskip.cli import build_parser
+    from reskip.cli.train import train_config
+
+    config = tmp_path / "c.yaml"
+    config.write_text("lr: 1e-3\nlambda_kl: 5E-1\nsteps: 7\n")
+    args = build_parser().parse_args(["train", "--config", str(config), "--lambda-ent", "2e-2"])
+    cfg = train_config(args)
+    cfg.validate()
+    assert (cfg.lr, cfg.lambda_kl, cfg.lambda_ent, cfg.steps) == (1e-3, 0.5, 0.02, 7)
+    args = build_parser().parse_args(["train", "--lr", "1e-3"])
+    assert train_config(args).lr == 1e-3

@@ -14,7 +14,7 @@ import yaml
 
 from ..errors import ReskipError
 from ..runs import RunFolder
-from ..train.config import TrainConfig
+from ..train.config import TrainConfig, load_yaml
 from ..train.log import format_summary
 from .common import retrofit_flags, retrofit_values
 
@@ -29,7 +29,7 @@ def train_config(args) -> TrainConfig:
         if f.name in OWN_FLAGS or raw is None:
             continue
         try:
-            overrides[f.name] = yaml.safe_load(raw)
+            overrides[f.name] = load_yaml(raw)
         except yaml.YAMLError:
             raise ReskipError(f"--{f.name.replace('_', '-')}: cannot read {raw!r}") from None
     for name in ("model", "data"):

@@ -4,12 +4,27 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass, field
 
 import yaml
 
 from ..errors import ReskipError
 from ..ar_retrofit.config import RetrofitConfig, reject_unknown_keys
+
+class _Yaml12Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, reading numbers as YAML 1.2 and JSON do: in YAML 1.1 a float needs a dot, so
+    `1e-3` would be the string '1e-3' (and `lr: 1e-3` refused as not a number)."""
+
+
+_Yaml12Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
+
+
+def load_yaml(text: str):
+    """A YAML document (a config file, or one flag's value) with YAML 1.2 numbers; raises yaml.YAMLError."""
+    return yaml.load(text, Loader=_Yaml12Loader)  # noqa: S506 - a SafeLoader subclass
+
 
 REAL_FIELDS = ("lr", "router_lr_mult", "source_bias_lr_mult", "weight_decay", "warmup_frac", "min_lr_frac", "clip_norm", "lambda_kl", "lambda_ent",
                "lambda_signal", "lambda_local", "hold_frac", "ramp_end_frac",
@@ -178,7 +193,7 @@ class TrainConfig:
     @classmethod
     def from_yaml(cls, text: str, overrides: dict | None = None) -> "TrainConfig":
         try:
-            data = yaml.safe_load(text) or {}
+            data = load_yaml(text) or {}
         except yaml.YAMLError as e:
             raise ReskipError(f"the config is not valid YAML ({e})") from e
         if not isinstance(data, dict):
