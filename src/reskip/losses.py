@@ -171,8 +171,8 @@ class _HeadLosses(torch.autograd.Function):
             sl = slice(a, min(a + chunk, T))
             t = targets[:, sl].reshape(-1)  # (N,) with N = B c
             # Each chunk as a 2-D (N, d) matrix: on a 3-D slice, which is not contiguous when B > 1, the
-            # product falls back to a batched one that first copies the (V, d) head once per row.
-            # the soft-cap, where the family has one, is applied as its forward does (in the model's dtype)
+            # product falls back to a batched one that first copies the (V, d) head once per row. The soft-cap,
+            # where the family has one, is applied as its forward does (in the model's dtype).
             (zt, _), (zf, cap_f), (zs, cap_s) = (_capped(F.linear(h[:, sl].reshape(-1, d), weight, bias), softcap)
                                                  for h in (h_teacher, h_full, h_skip))  # (N, V) each
             c_ce, c_kl, dz_full, dz_skip, c_costs = terms(zt, zf, zs, t.clamp_min(0), t != -100, cap_f, cap_s, want_costs)
