@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from conftest import batch, tiny_model
+from helpers import batch, tiny_model
 from reskip import AdapterError, RetrofitConfig, load_adapter, retrofit
 from reskip.ar_retrofit.adapter_io import CONFIG_NAME, WEIGHTS_NAME, fingerprint
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from conftest import has_package
+from helpers import has_package
 from reskip import RetrofitConfig, retrofit
 from reskip.backbones.loading import PACKAGED, load_backbone, sha256_file
 from reskip.ar_retrofit.parity import check_parity, tokenize_batch

@@ -47,7 +47,7 @@ def test_config_round_trip_and_unknown_keys():
 
 
 def test_a_retrofit_needs_two_blocks():
-    from conftest import tiny_model
+    from helpers import tiny_model
     from reskip import ReskipError, retrofit
     from reskip.ar_retrofit.blocks import retrofit_blocks
 

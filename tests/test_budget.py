@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from conftest import save_tiny, tiny_model, write_corpus
+from helpers import tiny_model, tiny_trained_run, write_corpus
 from reskip import RetrofitConfig, retrofit
 from reskip.cli import main
 from reskip.data.packing import Packed
@@ -194,14 +194,8 @@ def test_matched_methods_use_fractional_static(budgeted):
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("budgetrun")
-    model_dir = save_tiny(tmp / "model", "llama")
-    data_dir = write_corpus(tmp / "corpus", n_docs=300)
     held = write_corpus(tmp / "held", n_docs=200, seed=7)
-    run = tmp / "run"
-    assert main(["train", "--model", str(model_dir), "--data", str(data_dir), "--seq-len", "16", "--steps", "2",
-                 "--batch-size", "2", "--eval-every", "2", "--save-every", "2", "--eval-sequences", "2",
-                 "--block-size", "2", "--rank", "8", "--quiet", "--out", str(run)]) == 0
-    return run, held
+    return tiny_trained_run(tmp), held
 
 
 def test_cli_budgets_eval_heldout_and_generate(tiny_run, capsys):

@@ -5,7 +5,7 @@ import json
 import pytest
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from conftest import save_tiny
+from helpers import save_tiny
 from reskip.cli import main
 
 
@@ -41,7 +41,7 @@ def test_bad_rank_is_refused(capsys):
 
 
 def test_run_flags_become_the_pipeline_s_overrides():
-    """`reskip run --recompute` (the standard run under 4 GB, E22) and the other training flags reach the train
+    """`reskip run --recompute` (the standard run under 4 GB) and the other training flags reach the train
     stage through PipelineConfig's overrides; flags not given leave the preset's values."""
     from reskip.cli import build_parser
     from reskip.cli.run import run_overrides

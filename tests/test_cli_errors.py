@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import transformers
 
-from conftest import save_tiny
+from helpers import save_tiny
 from reskip.cli import build_parser, main
 
 MISSING = "/nonexistent/reskip-test"

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from conftest import has_package
+from helpers import has_package
 from reskip import ReskipError
 from reskip.data.documents import SPLITS, Document, read_user_file, segments, split_of
 from reskip.data.packing import IGNORE, chat_tokens, pack

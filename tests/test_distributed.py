@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import save_tiny, write_corpus
+from helpers import save_tiny, write_corpus
 from reskip.ar_retrofit.adapter_io import WEIGHTS_NAME
 from reskip.cli import main
 
@@ -60,7 +60,7 @@ def _objective_grads(rank: int, world: int, port: int, queue) -> None:
     """One process's share of a micro-batch: the objective's loss, backward, then DDP's average."""
     import torch.distributed as dist
 
-    from conftest import batch, tiny_model
+    from helpers import batch, tiny_model
     from reskip.ar_retrofit.config import RetrofitConfig
     from reskip.ar_retrofit.model import retrofit
     from reskip.train.objective import RetrofitObjective

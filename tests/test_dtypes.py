@@ -9,7 +9,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import batch, tiny_model
+from helpers import batch, tiny_model
 from reskip import ReskipError, RetrofitConfig, retrofit
 from reskip import fusion
 from reskip.ar_retrofit.adapter_io import WEIGHTS_NAME

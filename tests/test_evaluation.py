@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import has_package, save_tiny, tiny_trained_run
+from helpers import has_package, save_tiny, tiny_trained_run
 from reskip.cli import main
 from reskip.evaluate.flops import LayerFlops, executed_share
 from reskip.skip.policy_file import PolicyFile
@@ -160,7 +160,7 @@ def test_step_interleaved_overhead_times_the_retrofit_against_the_bare_backbone(
 
     import torch
 
-    from conftest import tiny_model
+    from helpers import tiny_model
     from reskip import retrofit
     from reskip.ar_retrofit.depth_pass import DepthPass
 

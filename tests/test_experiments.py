@@ -2,11 +2,15 @@
 its files, its verdicts' logic, and the report's section."""
 
 import json
+import math
+import shutil
 
 import pytest
 
-from conftest import save_tiny, write_corpus
+from helpers import save_tiny, write_corpus
 from reskip.cli import main
+
+pytestmark = pytest.mark.integration  # whole commands end to end
 
 TINY = ["--steps", "4", "--batch-size", "4", "--seq-len", "16", "--eval-every", "2", "--calib-sequences", "4",
         "--test-sequences", "4", "--block-size", "2", "--rank", "8", "--quiet"]
@@ -30,19 +34,19 @@ def _run(tiny, name, *extra):
 
 def test_variants_trains_every_arm_alike_and_states_each_claim(tiny):
     r, folder = _run(tiny, "variants")
-    assert list(r["arms"]) == ["recipe", "observer", "observer_seed_loss", "interpolate", "gamma_free"]
+    assert list(r["arms"]) == ["recipe", "observer", "observer_source_loss", "interpolate", "gamma_free"]
     curves = {n: a["curve"] for n, a in r["arms"].items()}
     assert all([e["step"] for e in c] == [0, 2, 4] for c in curves.values())  # the whole curve, not its end
     assert len({a["budget"]["tokens"] for a in r["arms"].values()}) == 1
     assert {a["retrofit"]["variant"] for a in r["arms"].values()} == {"recipe", "observer", "interpolate", "gamma_free"}
     # the observer pair differs only in the signal term: the document's loss against reskip's
-    assert r["arms"]["observer_seed_loss"]["train"] == {"lambda_signal": 0.0} and r["arms"]["observer"]["train"] == {}
+    assert r["arms"]["observer_source_loss"]["train"] == {"lambda_signal": 0.0} and r["arms"]["observer"]["train"] == {}
     # c = 0 at step 0: the recipe, observers and interpolate are the backbone there; gamma_free is not
-    for n in ("recipe", "observer", "observer_seed_loss", "interpolate"):
+    for n in ("recipe", "observer", "observer_source_loss", "interpolate"):
         assert curves[n][0]["ppl"] == pytest.approx(curves[n][0]["ppl_backbone"], rel=1e-6), n
     assert curves["gamma_free"][0]["ppl"] != curves["gamma_free"][0]["ppl_backbone"]
     # observer never changes the forward pass: its retrofit is the backbone at every step
-    for n in ("observer", "observer_seed_loss"):
+    for n in ("observer", "observer_source_loss"):
         assert all(e["ppl"] == pytest.approx(e["ppl_backbone"], rel=1e-6) for e in curves[n])
     assert len(r["claims"]) == 5 and all(c["verdict"] in ("held", "did not hold", "undecided") for c in r["claims"])
     # the skip-branch KL at the first and last validations only: an arm's A(n) is its calibration's
@@ -68,13 +72,13 @@ def test_arms_run_in_separate_calls_and_the_last_writes_the_results(tiny, capsys
     folder = out / "experiments" / "variants"
     assert main([*args, "--arms", "observer", "recipe"]) == 0
     said = capsys.readouterr().out
-    assert "not finished yet: observer_seed_loss, interpolate, gamma_free" in said and "results.json waits" in said
+    assert "not finished yet: observer_source_loss, interpolate, gamma_free" in said and "results.json waits" in said
     assert sorted(p.parent.name for p in (folder / "arms").glob("*/arm.json")) == ["observer", "recipe"]
     assert not (folder / "results.json").exists() and not (folder / "arms" / "interpolate").exists()
     first = (folder / "arms" / "recipe" / "arm.json").stat().st_mtime_ns
-    assert main([*args, "--arms", "gamma_free", "interpolate", "observer-seed-loss"]) == 0
+    assert main([*args, "--arms", "gamma_free", "interpolate", "observer-source-loss"]) == 0
     r = json.loads((folder / "results.json").read_text())
-    assert list(r["arms"]) == ["recipe", "observer", "observer_seed_loss", "interpolate", "gamma_free"]
+    assert list(r["arms"]) == ["recipe", "observer", "observer_source_loss", "interpolate", "gamma_free"]
     assert len(r["claims"]) == 5
     assert (folder / "arms" / "recipe" / "arm.json").stat().st_mtime_ns == first  # read back, not retrained
     # the same arms as one call trains them: the experiment's figures do not depend on how it was split
@@ -88,7 +92,7 @@ def _two_part_corpus(folder):
     draw words from different halves of the vocabulary, so a single-part arm really trains on less."""
     import random
 
-    from conftest import VOCAB
+    from helpers import VOCAB
 
     rng = random.Random(3)
     folder.mkdir(parents=True, exist_ok=True)
@@ -159,11 +163,11 @@ def test_placement_answers_the_incident_with_a_measured_probe(tiny):
                  "--seq-len", "16", "--context", "16", "--budget-bytes", "3072", "--calib-sequences", "40",
                  "--test-sequences", "8", "--quiet"]) == 0
     r = json.loads((out / "experiments" / "placement" / "results.json").read_text())
-    assert r["this_model"]["feasible_states"] == 3 and r["seed_instance"]["feasible_states"] == 8
+    assert r["this_model"]["feasible_states"] == 3 and r["source_instance"]["feasible_states"] == 8
     s = r["settings"]["the budget at context 16"]
     assert s["placements"]["uniform"]["kept"] == [0, 2, 4]
-    assert set(r["settings"]) == {"the budget at context 16", "the seed instance's share of depth",
-                                  "half the seed instance's share"}
+    assert set(r["settings"]) == {"the budget at context 16", "the source instance's share of depth",
+                                  "half the source instance's share"}
     probe = s["placements"]["uniform"]["probe"]
     assert len(probe) == 4 and all(-10 < p["r2_fit"] <= 1 for p in probe)
     # the fit from the bracketing states can only help over copying the one below, on the fitting tokens; on
@@ -171,7 +175,7 @@ def test_placement_answers_the_incident_with_a_measured_probe(tiny):
     assert s["placements"]["uniform"]["mean_r2_fit"] > s["placements"]["uniform"]["mean_r2_copy"]
     # the document's own answers for its instance: 8 states every 6 absorb the incident; 4 every 12 leave 6 layers
     assert [c["verdict"] for c in r["claims"][:2]] == ["held", "held"]
-    assert r["seed_instance"]["placements"]["uniform"]["kept"] == [0, 6, 12, 18, 24, 30, 36, 42]
+    assert r["source_instance"]["placements"]["uniform"]["kept"] == [0, 6, 12, 18, 24, 30, 36, 42]
 
 
 def test_report_shows_every_experiment_of_the_folder(tiny):
@@ -211,7 +215,7 @@ def test_interpolation_is_judged_over_the_ramp_only():
                 "signal_test": {"rates": [0.5], "blocks": []}}
     assert [e["step"] for e in _ramp(arm([1] * 6)["curve"])] == [0, 3, 6, 9]
     arms = {"recipe": arm([16.7, 15.9, 15.7, 15.2, 15.1, 14.4]), "observer": arm([16.7] * 6),
-            "observer_seed_loss": arm([16.7] * 6),
+            "observer_source_loss": arm([16.7] * 6),
             "interpolate": arm([16.7, 18.0, 23.5, 30.9, 25.0, 19.1]), "gamma_free": arm([16.7, 15.6, 15.2, 14.7, 14.6, 14.5])}
     verdicts = [x["verdict"] for x in claims(arms)]
     assert verdicts[0] == "held" and verdicts[1] == "did not hold"
@@ -231,3 +235,58 @@ def test_arms_table_median_is_the_mix_verdicts_median():
            "final_kl": 0.1, "signal_test": None}
     assert routing_summary(arm)["spread"] == pytest.approx((0.0156 + 0.0182) / 2)
     assert "| 0.0169 |" in arms_table({"recipe": arm})[2]
+
+
+def test_scale_runs_the_main_job_per_preset_and_tables_every_finished_arm(tiny):
+    """Each arm is a whole pipeline run at one preset; the results read every finished arm's files: the frontier
+    against the matched baselines with a bootstrap interval, the headroom per block, the goals, the verdict."""
+    tmp, model, corpus = tiny
+    out = tmp / "scale-out"
+    args = ["experiment", "scale", "--model", str(model), "--data", str(corpus), "--out", str(out), "--steps", "2",
+            "--batch-size", "2", "--seq-len", "16", "--block-size", "2", "--rank", "8", "--quiet"]
+    assert main([*args, "--arms", "standard"]) == 0
+    folder = out / "experiments" / "scale"
+    arm = folder / "arms" / "model-standard"
+    state = json.loads((arm / "pipeline.json").read_text())
+    assert state["preset"] == "standard" and state["finished"][-1] == "report"
+    r = json.loads((folder / "results.json").read_text())
+    assert list(r["scale_arms"]) == ["model-standard"]
+    a = r["scale_arms"]["model-standard"]
+    assert a["tokens"] == 2 * 2 * 16 and a["train_wall_s"] > 0 and a["kjv_ppl_ratio"] > 0
+    ev = json.loads((arm / "eval" / "results.json").read_text())
+    for split, methods in (("test", ev["methods"]), ("kjv", ev["heldout"]["methods"])):
+        rows = a["frontier"][split]
+        assert [row["budget"] for row in rows] == [1.0, 1.5, 2.0, 3.0][: len(rows)] and rows
+        for row in rows:
+            assert row["reskip"] == methods[f"reskip:budget={row['budget']:g}"]["ppl_ratio"]
+            d = row["reskip_minus_static"]
+            assert d["lo"] <= d["mean"] <= d["hi"]
+            assert d["mean"] == pytest.approx(row["reskip"] - row["static"], abs=1e-9)
+    # the per-sequence NLLs the interval is drawn from add up to each method's perplexity
+    for m in ev["methods"].values():
+        seq = m["per_sequence"]
+        assert len(seq["nll"]) == len(seq["targets"]) == 16
+    back = ev["methods"]["backbone"]["per_sequence"]
+    assert ev["methods"]["backbone"]["ppl"] == pytest.approx(math.exp(sum(back["nll"]) / sum(back["targets"])))
+    policy = json.loads((arm / "policy.json").read_text())
+    middle = [b["A"] for b in policy["blocks"] if 1 < b["block"] < len(policy["blocks"])]
+    assert a["best_middle_block"]["A"] == min(middle)
+    assert len(r["claims"]) == 4 and all(c["verdict"] in ("held", "did not hold", "undecided") for c in r["claims"])
+    assert "0.0M tokens" in r["verdict"]
+    md = (folder / "results.md").read_text()
+    assert "ReSkip - static [95% CI]" in md and "captured by alpha" in md
+    # a finished arm is read back, not rerun; another arm's folder (another preset or backbone) joins the table
+    before = (arm / "pipeline.json").stat().st_mtime_ns
+    assert main([*args, "--arms", "standard"]) == 0
+    assert (arm / "pipeline.json").stat().st_mtime_ns == before
+    other = folder / "arms" / "model-long"
+    shutil.copytree(arm, other)
+    state["preset"] = "long"
+    (other / "pipeline.json").write_text(json.dumps(state))
+    assert main([*args, "--arms", "standard"]) == 0
+    r = json.loads((folder / "results.json").read_text())
+    assert set(r["scale_arms"]) == {"model-long", "model-standard"}
+    assert r["scale_arms"]["model-long"]["preset"] == "long" and "model-long" in (folder / "results.md").read_text()
+    assert main(["report", str(out)]) == 0
+    page = (out / "report" / "report.html").read_text()
+    assert "Experiment scale" in page and "captured by alpha" in page

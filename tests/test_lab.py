@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import tiny_trained_run
+from helpers import tiny_trained_run
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / ".pytest_artifacts"
 

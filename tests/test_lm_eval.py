@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import has_package
+from helpers import has_package
 from reskip import RetrofitConfig, retrofit
 from reskip.cli import main
 

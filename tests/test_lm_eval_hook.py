@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from conftest import has_package
+from helpers import has_package
 
 
 def _fresh(code: str) -> str:

@@ -5,7 +5,7 @@ checkpointing of the frozen layers (`recompute`): the same loss terms and gradie
 import pytest
 import torch
 
-from conftest import batch, tiny_model
+from helpers import batch, tiny_model
 from reskip.ar_retrofit.config import RetrofitConfig
 from reskip.ar_retrofit.model import retrofit
 from reskip.compat import output_head

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from conftest import batch, tiny_model
+from helpers import batch, tiny_model
 from reskip import RetrofitConfig, retrofit
 
 

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from conftest import save_tiny, tiny_model, write_corpus
+from helpers import tiny_model, tiny_trained_run
 from reskip import RetrofitConfig, retrofit
 from reskip.skip.calibration import calibrate, sliding_mean
 from reskip.cli import main
@@ -106,14 +106,7 @@ def test_policy_refuses_another_adapter_or_backbone(tiny_policy):
 
 @pytest.fixture(scope="module")
 def tiny_run_folder(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("run")
-    model_dir = save_tiny(tmp / "model", "llama")
-    data_dir = write_corpus(tmp / "corpus")
-    args = ["train", "--model", str(model_dir), "--data", str(data_dir), "--seq-len", "16", "--steps", "2",
-            "--batch-size", "2", "--eval-every", "2", "--save-every", "2", "--eval-sequences", "2",
-            "--block-size", "2", "--rank", "8", "--quiet", "--out", str(tmp / "run")]
-    assert main(args) == 0
-    return tmp / "run"
+    return tiny_trained_run(tmp_path_factory.mktemp("run"))
 
 
 def test_generate_without_policy_runs_dense_and_says_so(tiny_run_folder, capsys):

@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import save_tiny, write_corpus
+from helpers import save_tiny, write_corpus
 from reskip.cli import main
 from reskip.report.html import build_report
+
+pytestmark = pytest.mark.integration  # whole commands end to end
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / ".pytest_artifacts"
 
@@ -40,7 +42,7 @@ def test_pipeline_writes_every_stage(pipeline_run):
     assert len(d["dilution"]["cos2"]) == 7 and d["dilution"]["toy_model"][4] == pytest.approx(0.5)
     rows = {r["granularity"]: r for r in d["memory"]["this_model"][0]["rows"]}
     assert rows["every layer"]["states"] == 7 and rows["h_0 only"]["states"] == 1
-    seed = {r["granularity"]: r for r in d["memory"]["seed_instance"]["rows"]}
+    seed = {r["granularity"]: r for r in d["memory"]["source_instance"]["rows"]}
     assert seed["every layer"]["mib"] == pytest.approx(49 * 32) and seed["per block (this retrofit)"]["mib"] == pytest.approx(5 * 32)
     assert {r["block"] for r in d["routing_health"]} == {2, 3}
     assert len(d["sample_trace"]["steps"]) == len(d["sample_trace"]["tokens"])

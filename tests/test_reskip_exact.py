@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from conftest import VOCAB, batch, tiny_model
+from helpers import VOCAB, batch, tiny_model
 from reskip import RetrofitConfig, retrofit
 from reskip.compat import cache_kwarg
 from reskip.ar_retrofit.kv_cache import append_kv, reference_logits

@@ -4,7 +4,7 @@ cache once trained, counted in parameters and FLOPs, trained by the skip branch,
 import pytest
 import torch
 
-from conftest import batch, save_tiny, tiny_model, write_corpus
+from helpers import batch, save_tiny, tiny_model, write_corpus
 from reskip import RetrofitConfig, retrofit
 from reskip.ar_retrofit.kv_cache import reference_logits
 from reskip.ar_retrofit.model import load_adapter

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from conftest import batch, tiny_model
+from helpers import batch, tiny_model
 from reskip import RetrofitConfig, alpha_entropy, retrofit
 from reskip.ar_retrofit.side_channel import SideChannel, count_side_channel_params, router_logits
 

@@ -4,12 +4,13 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import tiny_model
+from helpers import tiny_model
 from reskip import RetrofitConfig, retrofit
 from reskip.data.packing import Packed
 from reskip.losses import ce_sum, ce_tokens
 from reskip.skip.signal import INPUT_INDEPENDENT_RANGE, signal_health
-from reskip.skip.signal_test import CHOOSERS, bootstrap_difference, choose_positions, signal_test, verdict
+from reskip.skip.cost_probe import block_costs, chosen_cost, fit_probe, fit_probes, probe_features
+from reskip.skip.position_choice import CHOOSERS, bootstrap_difference, choose_positions, signal_test, verdict
 
 
 def test_signal_health_flags_an_input_independent_router():
@@ -86,6 +87,68 @@ def test_signal_test_measures_every_chooser(tiny):
         assert d["lo"] <= d["mean"] <= d["hi"]
         assert d["mean"] == pytest.approx(row["ppl_ratio"]["signal"] - row["ppl_ratio"]["random"])
     assert "p = 0.5" in out["sentence"]
+
+
+def test_the_position_chooser_skips_the_latest_positions(tiny):
+    """Content-blind: at rate p it is block n as identity at the last p of every sequence's positions."""
+    rm, data = tiny
+    out = signal_test(rm, data, blocks=[3], window=4, rates=(0.5,), n_boot=10)
+    with torch.no_grad():
+        mask = torch.zeros(data.input_ids.shape, dtype=torch.bool)
+        mask[:, 8:] = True
+        with rm.skipping_positions({3: mask}):
+            logits = rm(input_ids=data.input_ids, use_cache=False).logits
+        full = rm(input_ids=data.input_ids, use_cache=False).logits
+    expect = torch.exp((ce_sum(logits, data.labels) - ce_sum(full, data.labels)) / (data.labels[:, 1:] != -100).sum())
+    assert out["blocks"][0]["ppl_ratio"]["position"] == pytest.approx(float(expect), rel=1e-5)
+
+
+def test_a_probe_learns_a_cost_that_its_features_hold():
+    """The cost is a noisy linear function of one state coordinate: the chosen probe finds the cheap half
+    nearly as well as the hindsight oracle, and far better than chance."""
+    g = torch.Generator().manual_seed(0)
+    S, T, d = 40, 32, 12
+    feats = torch.randn(S, T, d + 2, generator=g)
+    cost = 0.5 * feats[..., 3] + 0.05 * torch.randn(S, T, generator=g)
+    labelled = torch.ones(S, T, dtype=torch.bool)
+    probe = fit_probe(feats, cost, labelled)
+    assert set(probe.held_out_cost) == {"ridge:0.1", "ridge:10", "ridge:1000", "ridge:100000", "mlp",
+                                        "ridge:w_recent+position"}
+    assert probe.held_out_cost[probe.kind] == min(probe.held_out_cost.values())
+    test = torch.randn(8, T, d + 2, generator=g)
+    truth = 0.5 * test[..., 3]
+    got = chosen_cost(probe.predict(test), truth)
+    oracle, chance = chosen_cost(truth, truth), float(truth.mean())
+    assert got < chance - 0.9 * (chance - oracle)
+
+
+def test_probe_features_are_what_exists_before_the_block(tiny):
+    rm, data = tiny
+    ids, labels = data.input_ids[:2], data.labels[:2]
+    full, cap, base, costs = block_costs(rm, ids, labels, [3])
+    w = full.alphas[3][..., -1].float()
+    f = probe_features(cap, w, 3)
+    assert f.shape == (2, 16, rm.side_channel.hidden_size + 2)
+    assert torch.equal(f[..., :-2], cap.states[2].float()) and torch.equal(f[..., -2], w)
+    assert f[0, :, -1].tolist() == [t / 16 for t in range(16)]
+    # the cost is the oracle's: block 3 as identity everywhere, minus the full model's per-token NLL
+    with torch.no_grad(), rm.blocks_skipped(3):
+        skipped = ce_tokens(rm(input_ids=ids, use_cache=False).logits, labels)
+    assert torch.allclose(costs[3], skipped - base, atol=1e-5)
+
+
+def test_the_signal_test_takes_fitted_probes_as_one_more_chooser(tiny):
+    rm, data = tiny
+    probes = fit_probes(rm, data, [2, 3], window=4)
+    out = signal_test(rm, data, blocks=[2, 3], window=4, rates=(0.5,), n_boot=50, probes=probes)
+    assert out["choosers"] == [*CHOOSERS, "probe"] and set(out["probes"]) == {"2", "3"}
+    for row in out["blocks"]:
+        assert set(row["ppl_ratio"]) == {*CHOOSERS, "probe"} and set(row["captured"]) == {"signal", "probe", "position"}
+        d = row["probe_minus_signal"]
+        assert d["mean"] == pytest.approx(row["ppl_ratio"]["probe"] - row["ppl_ratio"]["signal"])
+        headroom = row["ppl_ratio"]["random"] - row["ppl_ratio"]["oracle"]
+        if headroom > 0:
+            assert row["captured"]["probe"] == pytest.approx((row["ppl_ratio"]["random"] - row["ppl_ratio"]["probe"]) / headroom)
 
 
 def test_signal_test_at_rate_zero_is_the_full_model(tiny):

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from conftest import batch, tiny_model
+from helpers import batch, tiny_model
 from reskip import ReskipError, RetrofitConfig, retrofit
 from reskip.ar_retrofit.adapter_io import WEIGHTS_NAME
 from reskip.ar_retrofit.model import load_adapter

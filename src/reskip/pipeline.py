@@ -45,17 +45,23 @@ PRESETS = {
     "quick": {"train": {"steps": 30, "batch_size": 4, "seq_len": 128, "eval_every": 10, "save_every": 10,
                         "eval_sequences": 4},
               "calibrate": {"sequences": 8}, "eval": {"sequences": 4, "mc_limit": 10, "chunk_size": 32},
-              "diagnose": {"sequences": 2, "sample_tokens": 64, "signal_sequences": 4}},
-    # A screening budget between the two (the notebook's "medium", E8 on): 100 steps at the quick preset's
+              "diagnose": {"sequences": 2, "sample_tokens": 64, "signal_sequences": 4, "probe_sequences": 8}},
+    # A screening budget between the two (the notebook's "medium"): 100 steps at the quick preset's
     # batch, about 10 minutes of training on a 2-core CPU; for comparing settings, not for final figures.
     "medium": {"train": {"steps": 100, "batch_size": 4, "seq_len": 128, "eval_every": 25, "save_every": 25,
                          "eval_sequences": 8},
                "calibrate": {"sequences": 16}, "eval": {"sequences": 8, "mc_limit": 20, "chunk_size": 32},
-               "diagnose": {"sequences": 2, "sample_tokens": 64, "signal_sequences": 8}},
+               "diagnose": {"sequences": 2, "sample_tokens": 64, "signal_sequences": 8, "probe_sequences": 16}},
     # The default recipe (TrainConfig defaults): about an hour of training on a 2-core CPU.
     "standard": {"train": {}, "calibrate": {"sequences": 32}, "eval": {"sequences": 16, "mc_limit": 50, "chunk_size": 32},
-                 "diagnose": {"sequences": 4, "sample_tokens": 96, "signal_sequences": 8}},
+                 "diagnose": {"sequences": 4, "sample_tokens": 96, "signal_sequences": 8, "probe_sequences": 32}},
 }
+# The standard recipe at 4x and 10x its training tokens (same batch, peak learning rate, and c(t) and warm-up
+# over the same shares of the run; four validations spaced over it); every later stage as the standard's.
+for _name, _times in (("long", 4), ("large", 10)):
+    _steps = TrainConfig.steps * _times
+    PRESETS[_name] = {**PRESETS["standard"],
+                      "train": {"steps": _steps, "eval_every": _steps // 4, "save_every": _steps // 8}}
 
 
 @dataclass

@@ -23,7 +23,7 @@ VARIANTS = ("recipe", "observer", "interpolate", "gamma_free")
 
 
 def default_rank(hidden_size: int) -> int:
-    """Adapter rank when none is given: the seed's 256 from d >= 1024, 64 below.
+    """Adapter rank when none is given: the source design's 256 from d >= 1024, 64 below.
 
     A rank of 256 on a d=576 model would be almost half of d; 64 keeps the
     adapter a bottleneck on small backbones.
@@ -46,7 +46,7 @@ class RetrofitConfig:
     prev_logit_init: initial routing logit of the previous block's state h_{n-1}
         over every other source (which start at 0): a mild peak on n-1, not one-hot.
     router_init_std: std of the router query w_n at init.
-    skip_path: what replaces a skipped block n: `identity` (the seed's, h_n = x_n) or `shortcut`
+    skip_path: what replaces a skipped block n: `identity` (the source design's, h_n = x_n) or `shortcut`
         (h_n = x_n + S_n(x_n), S_n(x) = W_up sigma(W_down x) of rank `shortcut_rank`, W_up zero at
         init so it starts as the identity exactly; blocks 2..N-1 only: the first and last are
         never worth skipping). Trained in the skip branch; the skipped layers' K/V still come from

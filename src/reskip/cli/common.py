@@ -13,6 +13,9 @@ from ..ar_retrofit.config import VARIANTS, RetrofitConfig
 from ..train.config import RECIPE_RETROFIT
 
 DTYPES = ("auto", "float32", "bfloat16")  # `backbones.dtypes.DTYPE_NAMES`, without importing torch here
+# `pipeline.PRESETS` by name, without importing torch here: quick (a smoke run), medium (screening), standard
+# (the default recipe, 0.2M training tokens), long and large (the standard recipe at 4x and 10x the tokens)
+PRESETS = ("quick", "medium", "standard", "long", "large")
 
 
 class Parser(argparse.ArgumentParser):
@@ -57,7 +60,7 @@ def retrofit_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rank", type=int, default=None, help="adapter rank (default: 256 if d >= 1024, else 64)")
     p.add_argument("--skip-path", choices=("identity", "shortcut"), default=None,
                    help="a skipped block is x + S_n(x), a learned low-rank shortcut (default, the training "
-                        "recipe's), or the identity (the seed's)")
+                        "recipe's), or the identity (the source design's)")
     p.add_argument("--shortcut-rank", type=int, default=None, help="rank of S_n (default: the adapter's)")
     p.add_argument("--variant", choices=VARIANTS, default=None,
                    help="how the routed mix enters a block: the recipe (default) or one of the source document's "

@@ -4,8 +4,8 @@ The flags become one ExperimentOptions; the experiment's library code is importe
 
 from __future__ import annotations
 
-from ..experiments.options import EXPERIMENTS, SEED_BUDGET_BYTES, ExperimentOptions
-from .common import BUDGET_FLAGS, dtype_flag, budget_flags, budget_values, retrofit_flags, retrofit_values
+from ..experiments.options import EXPERIMENTS, SOURCE_BUDGET_BYTES, ExperimentOptions
+from .common import BUDGET_FLAGS, PRESETS, dtype_flag, budget_flags, budget_values, retrofit_flags, retrofit_values
 
 
 def experiment_options(args) -> ExperimentOptions:
@@ -35,10 +35,12 @@ def cmd_experiment(args) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("experiment", help="rerun a source document's claim on your backbone: variants, block-size, "
-                                          "mix, placement (results.json + results.md with verdicts)")
+                                          "mix, placement; or scale: the main job at 1x, 4x and 10x the standard "
+                                          "training tokens (results.json + results.md with verdicts)")
     p.add_argument("name", choices=EXPERIMENTS)
-    p.add_argument("--preset", choices=["quick", "medium", "standard"], default="quick",
-                   help="the training budget of every arm (the pipeline's presets; default quick)")
+    p.add_argument("--preset", choices=PRESETS, default="quick",
+                   help="the training budget of every arm (the pipeline's presets; default quick; `scale`'s arms "
+                        "are presets themselves)")
     p.add_argument("--model", default=None, help="backbone; default: bundled SmolLM2-135M-Instruct")
     p.add_argument("--data", nargs="+", default=None, help="data specs (default: the bundled mix)")
     p.add_argument("--out", default=None,
@@ -47,14 +49,16 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--arms", nargs="+", default=None, metavar="ARM",
                    help="run only these arms now (names, e.g. 'dialogue only', or folder names, dialogue-only), "
-                        "e.g. one process per core; results.json is written once every arm has finished")
+                        "e.g. one process per core; results.json is written once every arm has finished; "
+                        "`scale`: presets among standard, long, large (default all three), and results.json holds "
+                        "every finished arm of any backbone")
     budget_flags(p)
     p.add_argument("--eval-every", type=int, default=None, help="steps between validations (the logged curve)")
     retrofit_flags(p)
     p.add_argument("--calib-sequences", type=int, default=None, help="per arm (default: the preset's)")
     p.add_argument("--test-sequences", type=int, default=None,
                    help="per arm, for the signal test (default: twice the preset's diagnose sequences)")
-    p.add_argument("--budget-bytes", type=int, default=SEED_BUDGET_BYTES,
+    p.add_argument("--budget-bytes", type=int, default=SOURCE_BUDGET_BYTES,
                    help="placement: the depth-state budget (default 256 MiB, the second source document's)")
     p.add_argument("--context", type=int, default=None,
                    help="placement: your context length (default the model's, at most 8192)")

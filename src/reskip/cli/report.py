@@ -17,7 +17,8 @@ def cmd_diagnose(args) -> int:
 
     path = diagnose(args.run, DiagnoseOptions(context=args.context, sequences=args.sequences,
                                               sample_tokens=args.sample_tokens, signal_sequences=args.signal_sequences,
-                                              model=args.model, dtype=args.dtype))
+                                              probe_sequences=args.probe_sequences,
+                                              model=args.model, dtype=args.dtype, out=args.out))
     d = json.loads(path.read_text())
     print("routing health:")
     for r in d["routing_health"]:
@@ -64,6 +65,10 @@ def register(sub) -> None:
     p.add_argument("--sample-tokens", type=int, default=d.sample_tokens, help="tokens of the per-token skip trace")
     p.add_argument("--signal-sequences", type=int, default=d.signal_sequences,
                    help=f"test sequences of the signal test (0: skip it; default {d.signal_sequences})")
+    p.add_argument("--probe-sequences", type=int, default=d.probe_sequences,
+                   help="calibration sequences the signal test's cost probes (a ridge and an MLP on h_{n-1}) are "
+                        f"fitted on (0: no probe chooser; default {d.probe_sequences})")
+    p.add_argument("--out", help="the diagnostics file (default RUN/diagnostics.json)")
     p.set_defaults(func=cmd_diagnose)
 
     p = sub.add_parser("report", help="self-contained HTML report of a run (reads run files only)")

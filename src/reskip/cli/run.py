@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..runs import RunFolder
 from ..train.log import format_summary
-from .common import dtype_flag, budget_flags, budget_values, retrofit_flags, retrofit_values
+from .common import PRESETS, dtype_flag, budget_flags, budget_values, retrofit_flags, retrofit_values
 
 
 def run_overrides(args) -> dict:
@@ -48,7 +48,7 @@ def register(sub) -> None:
     p = sub.add_parser("run", help="the main job: parity, training, calibration, evaluation, diagnostics, report")
     p.add_argument("--out", help="run folder (default runs/run-<timestamp>)")
     p.add_argument("--resume", metavar="RUN", help="continue RUN from its last finished stage and checkpoint")
-    p.add_argument("--preset", choices=["quick", "medium", "standard"], default="standard")
+    p.add_argument("--preset", choices=PRESETS, default="standard")
     p.add_argument("--model", default=None, help="backbone; default: bundled SmolLM2-135M-Instruct")
     p.add_argument("--data", nargs="+", default=None, help="training data specs (default: the bundled mix)")
     dtype_flag(p)

@@ -39,7 +39,7 @@ def cmd_generate(args) -> int:
     check_range("max-new-tokens", args.max_new_tokens, 1)
     spec = parse_spec(args.policy, allow_path=True)
     from ..skip.scoring import generate_text  # lazy: torch
-    from ..skip.session import open_run  # lazy: torch
+    from ..skip.inference_run import open_run  # lazy: torch
 
     opened = open_run(args.adapter, [spec], model=args.model, dtype=args.dtype, window=args.window,
                       seed=args.seed, trust_remote_code=args.trust_remote_code, dense_fallback=True)

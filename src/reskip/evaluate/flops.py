@@ -29,7 +29,7 @@ class LayerFlops:
         return cls(full=2 * (attn + mlp), kv_only=2 * 2 * d * kv)
 
 
-def executed_share(blocks: list[range], skipped_per_step: list[list[int]], tokens_per_step: list[int],
+def executed_share(blocks: list[range], blocks_skipped_per_step: list[list[int]], tokens_per_step: list[int],
                    flops: LayerFlops, shortcut: dict[int, int] | None = None) -> tuple[float, float]:
     """(executed layer FLOPs, dense layer FLOPs) over the steps of one scored sequence. shortcut: per
     block, the FLOPs per token of its skip shortcut S_n, paid when it is skipped (`shortcut_flops`)."""
@@ -37,7 +37,7 @@ def executed_share(blocks: list[range], skipped_per_step: list[list[int]], token
     n_layers = sum(sizes.values())
     shortcut = shortcut or {}
     executed = dense = 0.0
-    for skipped, tokens in zip(skipped_per_step, tokens_per_step):
+    for skipped, tokens in zip(blocks_skipped_per_step, tokens_per_step):
         skipped_layers = sum(sizes[n] for n in skipped)
         executed += tokens * ((n_layers - skipped_layers) * flops.full + skipped_layers * flops.kv_only
                               + sum(shortcut.get(n, 0) for n in skipped))

@@ -17,7 +17,7 @@ import reskip_lm_eval_hook
 from lm_eval.__main__ import cli_evaluate
 from lm_eval.models.huggingface import HFLM
 
-from ..skip.session import open_run
+from ..skip.inference_run import open_run
 from ..skip.spec import parse_spec
 
 reskip_lm_eval_hook.install()  # registers the name "reskip" (lazily, pointing at ReskipLM below)

@@ -99,6 +99,9 @@ class Tally:
     skipped_per_step: list[int] = field(default_factory=list)
     margin_measured: bool = False
     seconds: float = 0.0  # wall time of this method's own passes and metrics
+    # per sequence, in order: NLL summed over its labelled targets, and their count (for bootstrap intervals)
+    sequence_nll: list[float] = field(default_factory=list)
+    sequence_targets: list[int] = field(default_factory=list)
 
     def add(self, other: "Tally") -> None:
         """Fold one sequence's tally into this one (its wall time excluded: the caller times)."""
@@ -106,6 +109,8 @@ class Tally:
                      "executed", "dense"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.skipped_per_step.extend(other.skipped_per_step)
+        self.sequence_nll.extend(other.sequence_nll)
+        self.sequence_targets.extend(other.sequence_targets)
         self.margin_measured = self.margin_measured or other.margin_measured
 
     def result(self, ppl_backbone: float | None, n_blocks: int) -> dict:
@@ -127,6 +132,7 @@ class Tally:
             "top1_change_rate": self.changed / self.positions if self.margin_measured else None,
             "tokens": self.positions,
             "wall_s": self.seconds,
+            "per_sequence": {"nll": list(self.sequence_nll), "targets": list(self.sequence_targets)},
         }
 
 
@@ -146,7 +152,7 @@ class References:
 def _chunk_positions(vocab: int) -> int:
     """Positions per slice of a sequence's metrics: (c, V) float32 temporaries of at most 16 MiB, below
     glibc's largest mmap threshold (32 MiB), so their memory is reused instead of mapped, faulted and
-    unmapped on every operation (E31: that had cost more than the arithmetic)."""
+    unmapped on every operation (measured: that had cost more than the arithmetic)."""
     return max(1, (4 << 20) // vocab)
 
 
@@ -177,7 +183,7 @@ def _tally_of(z: torch.Tensor, ref: References, skipped: list, lengths: list, is
               chunk: int | None = None) -> Tally:
     """One sequence's metrics of logits z (1, T, V), `chunk` positions at a time: `kl_sum`'s formula, and
     cross-entropy as logsumexp(z) - z[target], within 1e-7 of float64 (2-10e-8 measured) where torch's
-    float32 `cross_entropy` (`ce_sum`) reads 2-4e-6 low on a 49k vocabulary (E31). cost: (executed, dense)
+    float32 `cross_entropy` (`ce_sum`) reads 2-4e-6 low on a 49k vocabulary. cost: (executed, dense)
     layer FLOPs of its steps."""
     t = Tally()
     targets = next_token_targets(ref.labels)[0]  # (T,)
@@ -185,6 +191,7 @@ def _tally_of(z: torch.Tensor, ref: References, skipped: list, lengths: list, is
     t.positions = ref.labels.numel()
     p, neg_entropy = ref.teacher
     c = chunk or _chunk_positions(z.shape[-1])
+    c = -(-z.shape[1] // -(-z.shape[1] // c))  # slices of equal size (no 1-position tail to compile anew)
     ce = kl = 0.0
     metrics = fused(_chunk_metrics, z[0].numel(), dynamic=True)
     for s in range(0, z.shape[1], c):
@@ -200,6 +207,7 @@ def _tally_of(z: torch.Tensor, ref: References, skipped: list, lengths: list, is
         t.changed_where_holds += int(m[4])
         t.changed += int(m[5])
     t.ce = ce
+    t.sequence_nll, t.sequence_targets = [ce], [t.targets]
     if not is_backbone:
         t.kl = neg_entropy.item() + kl
         t.margin_measured = True

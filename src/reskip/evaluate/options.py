@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from ..skip.spec import METHOD_KINDS, Spec, parse_specs
 
-# The budgeted frontier (when the policy file has one) and the seed's quantile rule at about one
+# The budgeted frontier (when the policy file has one) and the source design's quantile rule at about one
 # block per step, each with static, influence and random at its measured mean skips.
 DEFAULT_METHODS = ("backbone", "retrofit", "budgets", "reskip:0.5:1", "matched")
 DEFAULT_MC_METHODS = ("backbone", "retrofit", "reskip")

@@ -25,7 +25,7 @@ from ..data.sources import load_splits
 from ..backbones.dtypes import describe, resolve_dtype_name
 from ..errors import ReskipError, check_range
 from ..io_atomic import atomic_write_json, atomic_write_text
-from ..skip.session import open_run, resolve_adapter
+from ..skip.inference_run import open_run, resolve_adapter
 from ..skip.spec import METHOD_KINDS, parse_specs
 from .methods import evaluate_methods, parse_methods
 from .multiple_choice import load_benchmark, mc_accuracy

@@ -21,8 +21,8 @@ from ..io_atomic import atomic_write_json
 from ..report.diagnostics import spearman
 from ..runs import RunFolder
 from ..skip.options import CalibrateOptions
-from ..skip.session import open_run
-from ..skip.signal_test import signal_test
+from ..skip.inference_run import open_run
+from ..skip.position_choice import signal_test
 from ..skip.stage import calibrate_run
 from ..train.checkpoint import latest_checkpoint
 from ..train.config import TrainConfig
@@ -156,7 +156,7 @@ def _block_row(b: dict, last_eval: dict) -> dict:
 
 
 def _spearman_I_A(blocks: list[dict]) -> float | None:
-    """Rank correlation over blocks of routing importance I(n) and ablation cost A(n) (seed 1's pairing)."""
+    """Rank correlation over blocks of routing importance I(n) and ablation cost A(n) (the first source document's pairing)."""
     rows = [b for b in blocks if b["I"] is not None]
     return spearman([b["I"] for b in rows], [b["A"] for b in rows])
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-EXPERIMENTS = ("variants", "block-size", "mix", "placement")
+EXPERIMENTS = ("variants", "block-size", "mix", "placement", "scale")
 # The second source document's instance: 48 layers of d = 4096 at 4,096 tokens in bf16, 256 MiB of depth states.
-SEED_BUDGET_BYTES = 256 * 2**20
+SOURCE_BUDGET_BYTES = 256 * 2**20
 
 
 @dataclass
@@ -16,7 +16,7 @@ class ExperimentOptions:
     overrides: TrainConfig values for every arm (and RetrofitConfig keys by name), on top of the preset.
     calib_sequences / test_sequences: calibration and test sequences per arm (None: the preset's).
     boundaries: explicit block starts, one more arm of `block-size`.
-    arms: run only these arms now (names or their folder slugs; None: every arm). results.json is written
+    arms: run only these arms now (names or their folder slugs; `scale`: presets; None: every arm). results.json is written
         once every arm of the experiment has finished, in this process or another sharing `out`.
     budget_bytes / context / dtype_bytes: `placement`'s memory budget and the user's model's context
         (None: its max_position_embeddings, capped at 8,192) and state width in bytes."""
@@ -32,7 +32,7 @@ class ExperimentOptions:
     test_sequences: int | None = None
     boundaries: list[int] | None = None
     arms: list[str] | None = None
-    budget_bytes: int = SEED_BUDGET_BYTES
+    budget_bytes: int = SOURCE_BUDGET_BYTES
     context: int | None = None
     dtype_bytes: int = 2
     dtype: str = "auto"  # the backbone's compute dtype in every arm (auto: bfloat16 where the hardware is fast)

@@ -23,9 +23,9 @@ from ..backbones.loading import load_backbone, load_config
 from ..data.packing import pack
 from ..data.sources import load_splits
 from ..pipeline import PRESETS
-from ..report.diagnose import SEED_INSTANCE
+from ..report.diagnose import SOURCE_INSTANCE
 from ..train.config import TrainConfig
-from .options import SEED_BUDGET_BYTES, ExperimentOptions
+from .options import SOURCE_BUDGET_BYTES, ExperimentOptions
 from .record import claim
 
 RIDGE = 1e-4  # times the mean diagonal of X^T X: keeps the solve stable where kept states are near-collinear
@@ -152,12 +152,12 @@ def run(options: ExperimentOptions, base: TrainConfig, header: dict, show=print)
     L, d = cfg.num_hidden_layers, cfg.hidden_size
     context = options.context or min(getattr(cfg, "max_position_embeddings", 4096) or 4096, 8192)
     k_user = feasible_states(options.budget_bytes, context, d, options.dtype_bytes)
-    seed = SEED_INSTANCE
-    k_seed = feasible_states(SEED_BUDGET_BYTES, seed["context"], seed["hidden_size"], seed["dtype_bytes"])
-    # The probe at the user's budget, at the seed instance's share of its depth (8 of 48), and at half that
+    doc = SOURCE_INSTANCE
+    k_doc = feasible_states(SOURCE_BUDGET_BYTES, doc["context"], doc["hidden_size"], doc["dtype_bytes"])
+    # The probe at the user's budget, at the source instance's share of its depth (8 of 48), and at half that
     # (the document's 4 states every 12 layers, where the incident is no longer absorbed).
-    k_share = max(2, round(L * k_seed / seed["n_layers"]))
-    k_half = max(2, round(L * k_seed / 2 / seed["n_layers"]))
+    k_share = max(2, round(L * k_doc / doc["n_layers"]))
+    k_half = max(2, round(L * k_doc / 2 / doc["n_layers"]))
     splits, _ = load_splits(base.data)
     model, tok = load_backbone(base.model, base.dtype, base.trust_remote_code)  # states are read in float32
     # Enough fitting tokens for 2 d + 1 coefficients per dropped state (at most 16,384: the states are held whole).
@@ -169,8 +169,8 @@ def run(options: ExperimentOptions, base: TrainConfig, header: dict, show=print)
     train_states = torch.cat([layer_states(model, fit.input_ids[i : i + 4]) for i in range(0, len(fit), 4)], 1)
     test_states = torch.cat([layer_states(model, test.input_ids[i : i + 4]) for i in range(0, len(test), 4)], 1)
     settings = {}
-    for label, k in ((f"the budget at context {context}", k_user), ("the seed instance's share of depth", k_share),
-                     ("half the seed instance's share", k_half)):
+    for label, k in ((f"the budget at context {context}", k_user), ("the source instance's share of depth", k_share),
+                     ("half the source instance's share", k_half)):
         rows = {}
         for name, kept in placements(L, k).items():
             dropped = probe(train_states, test_states, kept)
@@ -184,10 +184,10 @@ def run(options: ExperimentOptions, base: TrainConfig, header: dict, show=print)
         "budget": None, "budget_bytes": options.budget_bytes,
         "this_model": {"n_layers": L, "hidden_size": d, "context": context, "dtype_bytes": options.dtype_bytes,
                        "state_bytes": context * d * options.dtype_bytes, "feasible_states": min(k_user, L + 1)},
-        "seed_instance": {**seed, "budget_bytes": SEED_BUDGET_BYTES, "state_bytes": seed["context"] * seed["hidden_size"] * seed["dtype_bytes"],
-                          "feasible_states": k_seed,
-                          "placements": {n: {"kept": p, "not_addressable": gaps(p, seed["n_layers"])}
-                                         for n, p in placements(seed["n_layers"], k_seed).items()}},
+        "source_instance": {**doc, "budget_bytes": SOURCE_BUDGET_BYTES, "state_bytes": doc["context"] * doc["hidden_size"] * doc["dtype_bytes"],
+                          "feasible_states": k_doc,
+                          "placements": {n: {"kept": p, "not_addressable": gaps(p, doc["n_layers"])}
+                                         for n, p in placements(doc["n_layers"], k_doc).items()}},
         "tokens": {"fit": int(fit.input_ids.numel()), "test": int(test.input_ids.numel())},
         "settings": settings, "arms": {},
     }
@@ -201,16 +201,16 @@ def _mean(values):
 
 def claims(r: dict) -> list[dict]:
     """The document's own answers (its instructor notes) for its instance, then the user's model measured."""
-    seed = r["seed_instance"]
-    needed, requester = incident(seed["n_layers"])
-    kept_seed = seed["placements"]["uniform"]["kept"]
-    half = placements(seed["n_layers"], seed["feasible_states"] // 2)["uniform"]
+    doc = r["source_instance"]
+    needed, requester = incident(doc["n_layers"])
+    kept_doc = doc["placements"]["uniform"]["kept"]
+    half = placements(doc["n_layers"], doc["feasible_states"] // 2)["uniform"]
     near = min(half, key=lambda i: abs(i - needed))
-    out = [claim(f"{seed['budget_bytes'] / 2**20:.0f} MiB for {seed['n_layers']} layers keeps at most 8 states; uniform "
+    out = [claim(f"{doc['budget_bytes'] / 2**20:.0f} MiB for {doc['n_layers']} layers keeps at most 8 states; uniform "
                  f"every 6 lets layer {requester} read x_{needed} exactly (the incident is absorbed)",
-                 f"state = {seed['state_bytes'] / 2**20:.0f} MiB, {seed['feasible_states']} states; uniform keeps "
-                 f"{kept_seed}: x_{needed} " + ("kept" if needed in kept_seed else "not kept"),
-                 seed["feasible_states"] == 8 and needed in kept_seed),
+                 f"state = {doc['state_bytes'] / 2**20:.0f} MiB, {doc['feasible_states']} states; uniform keeps "
+                 f"{kept_doc}: x_{needed} " + ("kept" if needed in kept_doc else "not kept"),
+                 doc["feasible_states"] == 8 and needed in kept_doc),
            claim(f"With 4 states (every 12) the nearest to x_{needed} is 6 layers away",
                  f"uniform 4 keeps {half}: nearest x_{near}, {abs(near - needed)} layers away", abs(near - needed) == 6)]
     for label, s in r["settings"].items():

@@ -72,6 +72,8 @@ def markdown(result: dict) -> str:
              + (f"; every arm {b['steps']} steps x {b['batch_size']} x {b['seq_len']} tokens ({b['tokens']:,} tokens)"
                 if b else "") + f"; wall time {result['wall_s']:.0f} s.", "",
              "## Claims", "", *claims_table(result["claims"]), ""]
+    if result.get("verdict"):
+        lines += ["## Verdict", "", result["verdict"], ""]
     if result.get("arms"):
         lines += ["## Arms", "", *arms_table(result["arms"]), "", "## Validation perplexity during training", "",
                   *curves_table(result["arms"]), ""]

@@ -5,7 +5,7 @@ seed and budget. The document's predictions, confronted with what the arms measu
 - direct interpolation (x_n = (1 - gamma) h_{n-1} + gamma r_n) degrades as gamma rises;
 - the gamma-free adapter (no gate, no curriculum) dents perplexity early;
 - observer-only routing (alpha trained, never used) ends up uncorrelated with block importance,
-  "because nothing in the loss makes them correspond to block importance": judged on `observer_seed_loss`,
+  "because nothing in the loss makes them correspond to block importance": judged on `observer_source_loss`,
   the observer trained with the document's own three terms (no signal term, so only the entropy term
   reaches its router). `observer` keeps reskip's signal term, which trains a router on the measured skip
   cost whether or not its output is used: the pair tests that mechanism (the signal term, not the forward
@@ -31,7 +31,7 @@ DENT = 1.02
 ARMS = [
     Arm("recipe", note="x_n = h_{n-1} + gamma_n A_n(r_n - h_{n-1}), gamma_n = c(t) g_n"),
     Arm("observer", retrofit={"variant": "observer"}, note="x_n = h_{n-1}; alpha trained by the loss's own terms"),
-    Arm("observer_seed_loss", retrofit={"variant": "observer"}, train={"lambda_signal": 0.0},
+    Arm("observer_source_loss", retrofit={"variant": "observer"}, train={"lambda_signal": 0.0},
         note="x_n = h_{n-1}; the document's three-term loss (no signal term): only the entropy term reaches alpha"),
     Arm("interpolate", retrofit={"variant": "interpolate"}, note="x_n = (1 - gamma_n) h_{n-1} + gamma_n r_n"),
     Arm("gamma_free", retrofit={"variant": "gamma_free"}, note="x_n = h_{n-1} + A_n(r_n - h_{n-1}) from step 0"),
@@ -78,21 +78,21 @@ def claims(arms: dict) -> list[dict]:
          f"final {free['final_ppl']:.3f} vs {rec['final_ppl']:.3f}"),
         None if dent is None else bool(dent > DENT)))
 
-    seed = arms["observer_seed_loss"]
-    ob, sb, rb = beats_random(obs), beats_random(seed), beats_random(rec)
-    p = max(seed["signal_test"]["rates"])
+    doc = arms["observer_source_loss"]
+    ob, sb, rb = beats_random(obs), beats_random(doc), beats_random(rec)
+    p = max(doc["signal_test"]["rates"])
     out.append(claim(
         "Observer-only routing ends up uncorrelated with block importance (the document's loss: nothing in it "
         "ties alpha to importance)",
-        f"observer_seed_loss, signal test at p = {p}: w_recent beats random on blocks {sb or 'none'} (the recipe: "
-        f"{rb or 'none'}); Spearman(I(n), A(n)) over blocks {_fmt(seed['spearman_I_vs_A'])} vs "
+        f"observer_source_loss, signal test at p = {p}: w_recent beats random on blocks {sb or 'none'} (the recipe: "
+        f"{rb or 'none'}); Spearman(I(n), A(n)) over blocks {_fmt(doc['spearman_I_vs_A'])} vs "
         f"{_fmt(rec['spearman_I_vs_A'])} (recipe)",
         not sb))
     out.append(claim(
         "With reskip's signal term, an observer's routing does tell where skipping is cheap: the term, not the "
         "forward pass, is what ties alpha to skip cost",
         f"observer (signal term on): w_recent beats random on blocks {ob or 'none'}, Spearman(I(n), A(n)) "
-        f"{_fmt(obs['spearman_I_vs_A'])}; observer_seed_loss (off): blocks {sb or 'none'}",
+        f"{_fmt(obs['spearman_I_vs_A'])}; observer_source_loss (off): blocks {sb or 'none'}",
         bool(ob) and not sb))
 
     out.append(claim(

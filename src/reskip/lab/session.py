@@ -14,7 +14,7 @@ from ..data.packing import pack
 from ..data.sources import load_splits
 from ..losses import ce_tokens
 from ..skip.scoring import score
-from ..skip.session import open_run
+from ..skip.inference_run import open_run
 from .variables import VARIABLES, LabError, Setting, apply, baseline
 
 MAX_TOKENS = 256  # one token per step: a longer text would hold the lab for minutes on a CPU

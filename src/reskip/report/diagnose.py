@@ -15,20 +15,22 @@ from ..errors import check_range
 from ..io_atomic import atomic_write_json
 from ..ar_retrofit.blocks import inclusive_ranges
 from ..skip.calibration import sliding_mean
-from ..skip.session import DEFAULT_WINDOW, open_run
+from ..skip.inference_run import DEFAULT_WINDOW, open_run
 from ..skip.signal import signal_health
-from ..skip.signal_test import signal_test
+from ..skip.cost_probe import fit_probes
+from ..skip.position_choice import signal_test
 from ..skip.spec import parse_spec
 from ..train.log import last_eval
 from .diagnostics import dilution, memory_table, reading_discipline, routing_health, token_trace
 from .options import DiagnoseOptions
 
-SEED_INSTANCE = {"n_layers": 48, "hidden_size": 4096, "context": 4096, "dtype_bytes": 2, "block_size": 12}
+SOURCE_INSTANCE = {"n_layers": 48, "hidden_size": 4096, "context": 4096, "dtype_bytes": 2, "block_size": 12}
 
 
 def diagnose(run, options: DiagnoseOptions = DiagnoseOptions()) -> Path:
     for flag, value, lo in (("context", options.context, 1), ("sequences", options.sequences, 1),
-                            ("sample-tokens", options.sample_tokens, 1), ("signal-sequences", options.signal_sequences, 0)):
+                            ("sample-tokens", options.sample_tokens, 1), ("signal-sequences", options.signal_sequences, 0),
+                            ("probe-sequences", options.probe_sequences, 0)):
         check_range(flag, value, lo)
     opened = open_run(run, model=options.model, dtype=options.dtype)
     print(f"[diagnose] in {describe(options.dtype)}", flush=True)
@@ -44,8 +46,8 @@ def diagnose(run, options: DiagnoseOptions = DiagnoseOptions()) -> Path:
     result["memory"] = {
         "this_model": [memory_table(cfg.num_hidden_layers, cfg.hidden_size, context, nbytes, starts) | {"dtype": name}
                        for name, nbytes in (("bfloat16", 2), ("float32", 4))],
-        "seed_instance": memory_table(SEED_INSTANCE["n_layers"], SEED_INSTANCE["hidden_size"], SEED_INSTANCE["context"],
-                                      SEED_INSTANCE["dtype_bytes"], list(range(0, 48, SEED_INSTANCE["block_size"]))),
+        "source_instance": memory_table(SOURCE_INSTANCE["n_layers"], SOURCE_INSTANCE["hidden_size"], SOURCE_INSTANCE["context"],
+                                      SOURCE_INSTANCE["dtype_bytes"], list(range(0, 48, SOURCE_INSTANCE["block_size"]))),
     }
     ev = last_eval(source.files.train_log)
     window = policy.data["window"] if policy else DEFAULT_WINDOW
@@ -71,7 +73,11 @@ def diagnose(run, options: DiagnoseOptions = DiagnoseOptions()) -> Path:
         eligible = sorted(policy.eligible())
         if eligible and options.signal_sequences:
             test = pack(tok, splits["test"], source.seq_len, options.signal_sequences, seed=0)  # eval's sequences
-            st = signal_test(model, test, eligible, window)
+            probes = None
+            if options.probe_sequences:  # fitted on the calibration split; chosen on a held-out part of it
+                calib = pack(tok, splits["calib"], source.seq_len, options.probe_sequences, seed=0)
+                probes = fit_probes(model, calib, eligible, window)
+            st = signal_test(model, test, eligible, window, probes=probes)
             by_block = {b["block"]: b for b in policy.data["blocks"]}
             for row in st["blocks"]:  # beside I(n) and A(n), as the report shows them
                 row.update(A=by_block[row["block"]]["A"], I=by_block[row["block"]]["I"])

@@ -161,7 +161,7 @@ def fig_dilution(d):
 
 def fig_memory(mem):
     fig, axes = plt.subplots(1, 2, figsize=(12, 3.6))
-    for ax, table, title in ((axes[0], mem["this_model"][0], "this model"), (axes[1], mem["seed_instance"], "48 layers, d=4096 (seed)")):
+    for ax, table, title in ((axes[0], mem["this_model"][0], "this model"), (axes[1], mem.get("source_instance", mem.get("seed_instance")), "48 layers, d=4096 (source design)")):
         names = [r["granularity"] for r in table["rows"]]
         ax.barh(names, [r["mib"] for r in table["rows"]], color="tab:green")
         for i, r in enumerate(table["rows"]):
@@ -211,12 +211,14 @@ def fig_frontier(results):
 
 def fig_signal_test(st):
     rows = [r for r in st["blocks"] if r["p"] == max(st["rates"])]
-    choosers = ("signal", "reverse", "random", "oracle")
-    colors = {"signal": "tab:blue", "reverse": "tab:purple", "random": "tab:gray", "oracle": "tab:green"}
+    # older files measured four choosers; a run with probes has six
+    choosers = [c for c in ("signal", "probe", "reverse", "position", "random", "oracle") if c in rows[0]["ppl_ratio"]]
+    colors = {"signal": "tab:blue", "probe": "tab:orange", "reverse": "tab:purple", "position": "tab:brown",
+              "random": "tab:gray", "oracle": "tab:green"}
     fig, ax = plt.subplots(figsize=(8, 3.8))
-    width = 0.2
+    width = 0.8 / len(choosers)
     for j, c in enumerate(choosers):
-        xs = [i + (j - 1.5) * width for i in range(len(rows))]
+        xs = [i + (j - (len(choosers) - 1) / 2) * width for i in range(len(rows))]
         ax.bar(xs, [r["ppl_ratio"][c] for r in rows], width=width, label=c, color=colors[c])
     for i, r in enumerate(rows):
         d = r["signal_minus_random"]
@@ -228,10 +230,13 @@ def fig_signal_test(st):
     ax.set_title(f"block n as identity at {max(st['rates']):.0%} of positions (labels: signal - random, 95% CI)",
                  fontsize=9)
     caption = ("The signal test on the test split: block n replaced by identity at a fraction p of each sequence's "
-               "positions, chosen where w_recent(n) is highest (signal), lowest (reverse), at random, or where skipping "
-               "costs least in hindsight (oracle), each in one cache-free pass. Only a signal - random difference "
-               "whose bootstrap interval excludes 0 shows that w_recent tells when to skip; the oracle bounds what any "
-               "per-token policy could gain. It measures positions of these texts, not another domain's.")
+               "positions, chosen where w_recent(n) is highest (signal), lowest (reverse), at the latest positions "
+               "(position, content-blind), at random, where a probe of h_{n-1} fitted on the calibration split "
+               "predicts the lowest cost (probe, when measured), or where skipping costs least in hindsight (oracle), "
+               "each in one cache-free pass. Only a signal - random difference whose bootstrap interval excludes 0 "
+               "shows that w_recent tells when to skip; the oracle bounds what any per-token policy could gain, the "
+               "probe what a fitted reading of the state before block n could. It measures positions of these "
+               "texts, not another domain's.")
     return "The signal test", _png(fig), caption
 
 
@@ -248,3 +253,42 @@ def fig_experiment_curves(result: dict):
                "budget for every arm). The damage on the way is the curve's peak, not its end; one seed, so a gap of "
                "a few tenths of a percent is within what a second seed could move.")
     return f"Experiment {result['experiment']} curves", _png(fig), caption
+
+
+def fig_scale(result: dict):
+    """The scale experiment: perplexity / backbone at one and two blocks per step against training tokens, per
+    method, on the test split and kjv (one line per backbone and method); and the headroom each chooser captured."""
+    arms = result["scale_arms"]
+    styles = {"reskip": ("tab:blue", "o"), "static": ("tab:red", "s"), "influence": ("tab:olive", "^"),
+              "random": ("tab:gray", "x")}
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+    for ax, split in zip(axes[:2], ("test", "kjv")):
+        for model in sorted({a["model"] for a in arms.values()}):
+            mine = sorted((a for a in arms.values() if a["model"] == model), key=lambda a: a["tokens"])
+            for budget, ls in ((1.0, "-"), (2.0, "--")):
+                for method, (color, marker) in styles.items():
+                    pts = [(a["tokens"], r[method]) for a in mine for r in (a["frontier"].get(split) or [])
+                           if r["budget"] == budget and r.get(method) is not None]
+                    if pts:
+                        ax.plot(*zip(*pts), ls=ls, color=color, marker=marker, ms=4,
+                                label=f"{method} @{budget:g}" + (f" {model}" if len(result["model"].split(", ")) > 1 else ""))
+        ax.set_xscale("log"); ax.set_xlabel("training tokens"); ax.set_ylabel("perplexity / backbone")
+        ax.axhline(1.0, color="k", lw=0.5); ax.set_title(f"{split}: solid one block per step, dashed two", fontsize=9)
+    axes[0].legend(fontsize=6, ncol=2)
+    ax = axes[2]
+    labels, xs = [], 0
+    for name, a in arms.items():
+        for blk, h in (a["headroom"] or {}).items():
+            for j, (c, color) in enumerate((("signal", "tab:blue"), ("probe", "tab:orange"), ("position", "tab:brown"))):
+                if h.get(c) is not None:
+                    ax.bar(xs + (j - 1) * 0.27, h[c], width=0.27, color=color, label=c if xs == 0 else None)
+            labels.append(f"{name}\nblock {blk}")
+            xs += 1
+    ax.set_xticks(range(len(labels)), labels, fontsize=5, rotation=90)
+    ax.axhline(0.0, color="k", lw=0.5); ax.set_ylabel("share of the oracle's headroom over random")
+    ax.set_title("captured per block (signal test)", fontsize=9); ax.legend(fontsize=7)
+    caption = ("ReSkip's budget frontier against static, influence and random at matched skips, as training tokens grow "
+               "(log scale), on the test split and on the held-out kjv; and, per arm and eligible block, the share of the "
+               "hindsight oracle's headroom over random captured by alpha (signal), by a probe fitted on what exists "
+               "before the block runs, and by skipping the latest positions. One seed per arm.")
+    return "Experiment scale", _png(fig), caption

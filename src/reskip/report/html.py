@@ -122,7 +122,8 @@ def build_report(run_dir: Path, out: Path | None = None) -> Path:
                      **{f"ppl/full {c}": v for c, v in r["ppl_ratio"].items()},
                      "signal - random": r["signal_minus_random"]["mean"], "95% CI": [r["signal_minus_random"]["lo"],
                                                                                       r["signal_minus_random"]["hi"]],
-                     "captured of oracle headroom": r["captured_share"], "verdict": r["verdict"]} for r in st["blocks"]]
+                     **{f"captured by {c}": v for c, v in r.get("captured", {"signal": r["captured_share"]}).items()},
+                     "verdict": r["verdict"]} for r in st["blocks"]]
             sections.append(_table(rows, list(rows[0])) + "<p><b>What this licenses:</b> "
                             + html.escape(st["sentence"]) + "</p>")
         rd = diag.get("reading_discipline")

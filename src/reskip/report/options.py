@@ -9,13 +9,15 @@ from dataclasses import dataclass
 class DiagnoseOptions:
     """context: tokens for the depth-state memory table. sequences: test sequences for dilution.
     sample_tokens: tokens of the per-token skip trace. signal_sequences: test sequences of the signal
-    test (0: not run). model: backbone (None: the run's). dtype: the backbone's compute dtype (auto:
+    test (0: not run). probe_sequences: calibration sequences the signal test's cost probes are fitted on
+    (0: no probe chooser; `skip.cost_probe`). model: backbone (None: the run's). dtype: the backbone's compute dtype (auto:
     bfloat16 where the hardware computes it fast, else float32)."""
 
     context: int = 4096
     sequences: int = 4
     sample_tokens: int = 96
     signal_sequences: int = 8
+    probe_sequences: int = 32
     model: str | None = None
     dtype: str = "auto"
     out: str | None = None

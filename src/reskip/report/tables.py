@@ -17,3 +17,10 @@ def fmt(v) -> str:
     if isinstance(v, list):
         return ", ".join(fmt(x) for x in v[:12]) + (" ..." if len(v) > 12 else "")
     return "-" if v is None else str(v)
+
+
+def markdown_table(lines: list[str]) -> str:
+    """A results.md table (its header, separator and rows as markdown lines) as an HTML table."""
+    cells = [[c.strip() for c in line.strip().strip("|").split(" | ")] for line in lines]
+    head, rows = cells[0], cells[2:]
+    return html_table([dict(zip(head, r)) for r in rows], head)

@@ -1,7 +1,7 @@
 """Budgeted calibration: per target budget B (blocks skipped per step, on average), the per-block
 thresholds that meet it at the lowest measured calibration loss.
 
-The seed's rule reads one quantile of w_recent for every eligible block. A budget can instead be
+The source design's rule reads one quantile of w_recent for every eligible block. A budget can instead be
 spent where it costs least: block n is skipped at the share f_n of the steps where its step signal
 (w_recent(n) at the step's last token, as the runtime reads it) is highest, with sum_n f_n = B.
 

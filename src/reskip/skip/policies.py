@@ -1,7 +1,7 @@
 """Skip policies: per step and block, whether block n is replaced by identity.
 
 A policy sees w_recent(n) (from `runtime.SkipRuntime`), how many blocks this step already
-skipped, and the step number. `none` never skips, `ReSkip` is the seed's rule, `StaticSkip`
+skipped, and the step number. `none` never skips, `ReSkip` is the source design's rule, `StaticSkip`
 is static pruning, `RandomSkip` the random baseline at a given rate.
 """
 

@@ -15,7 +15,7 @@ from .budget import calibrate_budgets
 from .calibration import calibrate
 from .options import CalibrateOptions
 from .policy_file import PolicyFile
-from .session import open_run, resolve_adapter
+from .inference_run import open_run, resolve_adapter
 
 
 def check_options(o: CalibrateOptions) -> None:

@@ -29,7 +29,7 @@ def load_yaml(text: str):
 REAL_FIELDS = ("lr", "router_lr_mult", "source_bias_lr_mult", "weight_decay", "warmup_frac", "min_lr_frac", "clip_norm", "lambda_kl", "lambda_ent",
                "lambda_signal", "lambda_local", "hold_frac", "ramp_end_frac",
                "skip_fraction")
-# The training recipe's retrofit, where it differs from RetrofitConfig's (the seed's, which a bare
+# The training recipe's retrofit, where it differs from RetrofitConfig's (the source design's, which a bare
 # `retrofit(model)` keeps): a skipped block goes through a learned shortcut (docs/experiments.md, E15).
 RECIPE_RETROFIT = {"skip_path": "shortcut"}
 REPORT_TO = (None, "tensorboard")
@@ -46,12 +46,12 @@ class TrainConfig:
     skip_blocks: blocks the skip branch may draw; None -> every block but the first and the
         last (which ablation shows are load-bearing on every backbone we measured).
     skip_fraction: the share of positions (drawn per step) at which the drawn block is identity in
-        the skip branch; 1.0 (default) is the seed's whole-block skip, below 1 a token-level one.
+        the skip branch; 1.0 (default) is the source design's whole-block skip, below 1 a token-level one.
     lambda_local: with a skip shortcut, the weight of the local regression of x_n + S_n(x_n) onto the
-        block's real output h_n (`objective.local_regression`); 1 (default, E15); 0: the shortcut learns
+        block's real output h_n (`objective.local_regression`); 1 (default); 0: the shortcut learns
         from the skip branch's KL only.
     skip_max_blocks: the skip branch drops 1..skip_max_blocks distinct blocks together (the count
-        drawn uniformly per step); 1 (default) is the seed's single block.
+        drawn uniformly per step); 1 (default) is the source design's single block.
     hold_frac / ramp_end_frac: c(t) is 0 until hold_frac of training, 1 from ramp_end_frac.
     router_lr_mult / source_bias_lr_mult: the learning rate of the routers' queries w_n / of their
         per-source biases b_i, as multiples of lr. A router moves its logits by at most |w_n|, and
@@ -86,8 +86,8 @@ class TrainConfig:
     skip_blocks: list[int] | None = None
     skip_fraction: float = 1.0
     skip_max_blocks: int = 1
-    # CE and KL from the LM head in chunks of this many positions (null: from whole (B, T, V) logits). 64 since
-    # issue 18 (E19): the step's peak 6.02 -> 4.25 GiB above the model at 8 x 256 on the bundled model, no slower.
+    # CE and KL from the LM head in chunks of this many positions (null: from whole (B, T, V) logits). 64: the
+    # step's peak 4.25 GiB above the model at 8 x 256 on the bundled model against 6.02 unchunked, no slower.
     loss_chunk: int | None = 64
     recompute: bool = False  # activation checkpointing of the frozen layers (less memory, one more forward)
     # None, or "tensorboard": every logged record also goes to accelerate's tracker (RUN/tensorboard/);

@@ -52,7 +52,7 @@ def summarize(path: Path, wall_s: float) -> dict:
     return {
         "steps": trains[-1]["step"] if trains else 0,
         "tokens_seen": last["tokens_seen"],
-        "wall_s_this_session": wall_s,
+        "wall_s_process": wall_s,  # this process's training time (a resumed run's earlier processes not counted)
         "ppl_backbone": last["ppl_backbone"],
         "ppl_full": {"start": first["ppl_full"], "end": last["ppl_full"]},
         "kl_full": {"start": first["kl_full"], "end": last["kl_full"]},
@@ -63,7 +63,7 @@ def summarize(path: Path, wall_s: float) -> dict:
 
 def format_summary(s: dict) -> str:
     lines = [
-        f"steps {s['steps']}, tokens {s['tokens_seen']:,}, wall {s['wall_s_this_session']:.0f} s",
+        f"steps {s['steps']}, tokens {s['tokens_seen']:,}, wall {s.get('wall_s_process', s.get('wall_s_this_session', 0.0)):.0f} s",
         f"validation perplexity: backbone {s['ppl_backbone']:.3f} | retrofit {s['ppl_full']['start']:.3f} -> "
         f"{s['ppl_full']['end']:.3f}   KL(backbone||retrofit) {s['kl_full']['end']:.4f}",
         "block  entropy start -> end (max log n)   skip-branch KL start -> end",

@@ -33,7 +33,7 @@ def learning_rate(step: int, total_steps: int, base_lr: float, warmup_frac: floa
 
 def skipped_positions(step: int, seed: int, shape: tuple[int, int], fraction: float):
     """(B, T) bool mask of the positions at which the skip branch's block is identity at `step`
-    (None: every position, the seed's whole-block skip). The same on every process and on resume."""
+    (None: every position, the source design's whole-block skip). The same on every process and on resume."""
     if fraction >= 1.0:
         return None
     g = torch.Generator().manual_seed(random.Random(f"positions:{seed}:{step}").getrandbits(62))
@@ -47,7 +47,7 @@ def drawn_block(step: int, seed: int, drawable: list[int]) -> int:
 
 def drawn_blocks(step: int, seed: int, drawable: list[int], max_blocks: int = 1) -> list[int]:
     """The blocks dropped together in the skip branch at `step`, in order: with `max_blocks` 1 the
-    one `drawn_block` (the seed's recipe, unchanged), else 1..max_blocks distinct drawable blocks
+    one `drawn_block` (the source design's recipe, unchanged), else 1..max_blocks distinct drawable blocks
     (the count uniform), so training sees the joint skips a budget of several blocks per step makes."""
     if max_blocks <= 1:
         return [drawn_block(step, seed, drawable)]

@@ -5,7 +5,7 @@ The sequence, the same for `reskip generate`, `reskip eval`, `reskip calibrate`,
 the lm-eval plug-in and `benchmarks/speed.py`: resolve the folder -> read its policy file ->
 fall back to dense where asked (and say so) -> check every spec against the policy file ->
 only then load the backbone and the adapter -> check the policy file against the loaded model ->
-the window (given, else the policy file's, else 16).
+the window (given, else the policy file's, else DEFAULT_WINDOW, 1).
 """
 
 from __future__ import annotations
