@@ -38,7 +38,7 @@ from reskip.compat import cache_kwarg
 from reskip.errors import ReskipError
 from reskip.evaluate.flops import LayerFlops, shortcut_flops, side_channel_flops
 from reskip.skip.policies import NoSkip, StaticSkip
-from reskip.skip.session import open_run
+from reskip.skip.inference_run import open_run
 from reskip.skip.spec import GRAMMAR, parse_spec
 from transformers import AutoModelForCausalLM
 
