@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from ..config_fields import described
 from ..errors import RetrofitConfigError
 
 ADAPTER_CONFIG_NAME = "adapter_config.json"
@@ -33,41 +34,30 @@ def default_rank(hidden_size: int) -> int:
 
 @dataclass
 class RetrofitConfig:
-    """What AR-Retrofit adds to a frozen backbone.
+    """What AR-Retrofit adds to a frozen backbone. Each field's help text (`config_fields.described`) is what the
+    command line's help and docs/guide.md's table say of it.
 
-    block_size: layers per block when `boundaries` is not given (sizes are balanced
-        so they differ by at most one when it does not divide the layer count).
-    boundaries: explicit first-layer index of every block after the first,
-        e.g. [4, 8, 12] for 16 layers -> blocks 0-3, 4-7, 8-11, 12-15.
-    rank: adapter bottleneck rank; None -> `default_rank(hidden_size)`.
-    activation: sigma in A(u) = W_up sigma(W_down u).
-    up_init_std: std of W_up at init: small but nonzero, so gradients reach the
-        adapter's down projection from the first step the gate opens.
-    prev_logit_init: initial routing logit of the previous block's state h_{n-1}
-        over every other source (which start at 0): a mild peak on n-1, not one-hot.
-    router_init_std: std of the router query w_n at init.
-    skip_path: what replaces a skipped block n: `identity` (the source design's, h_n = x_n) or `shortcut`
-        (h_n = x_n + S_n(x_n), S_n(x) = W_up sigma(W_down x) of rank `shortcut_rank`, W_up zero at
-        init so it starts as the identity exactly; blocks 2..N-1 only: the first and last are
-        never worth skipping). Trained in the skip branch; the skipped layers' K/V still come from
-        the block's unchanged input x_n.
-    shortcut_rank: None -> the adapter's rank.
-    variant: how r_n enters the block (`VARIANTS`): the recipe, or one of the designs the source document
-        rejects, each a configuration of the same modules (for `reskip experiment variants`). Only the
-        recipe and `observer` are the backbone exactly at c = 0; `interpolate` is at c = 0 too (gamma = 0);
-        `gamma_free` is not (it has no gate), which is the design's point.
+    `variant`: only the recipe and `observer` are the backbone exactly at c = 0; `interpolate` is at c = 0 too
+    (gamma = 0); `gamma_free` is not (it has no gate), which is the design's point.
     """
 
-    block_size: int = 4
-    boundaries: list[int] | None = None
-    rank: int | None = None
-    activation: str = "silu"
-    up_init_std: float = 1e-3
-    prev_logit_init: float = 2.0
-    router_init_std: float = 0.02
-    skip_path: str = "identity"
-    shortcut_rank: int | None = None
-    variant: str = "recipe"
+    block_size: int = described(4, "layers per block when boundaries are not given (sizes balanced to differ by at "
+                                   "most one when it does not divide the layer count)")
+    boundaries: list[int] | None = described(None, "explicit first layer of every block after the first, e.g. [4, 8, "
+                                                   "12] for 16 layers")
+    rank: int | None = described(None, "rank of the correction A_n (null: 256 for d >= 1024, else 64)")
+    activation: str = described("silu", "sigma in A_n(u) = W_up sigma(W_down u): silu, gelu or relu")
+    up_init_std: float = described(1e-3, "std of W_up at init: small but nonzero, so gradients reach W_down from the "
+                                         "first step the gate opens")
+    prev_logit_init: float = described(2.0, "initial routing logit of h_{n-1} over every other source's 0: a mild "
+                                            "peak on n-1, not one-hot")
+    router_init_std: float = described(0.02, "std of the router query w_n at init")
+    skip_path: str = described("identity", "what replaces a skipped block n in 2..N-1: identity (h_n = x_n, the "
+                                           "source design's) or shortcut (h_n = x_n + S_n(x_n), low rank, zero at "
+                                           "init; the training recipe's); the skipped layers' K/V still come from x_n")
+    shortcut_rank: int | None = described(None, "rank of S_n (null: the correction's rank)")
+    variant: str = described("recipe", "how r_n enters block n: recipe, or one of the source design's rejected "
+                                       "designs (observer, interpolate, gamma_free; `reskip experiment variants`)")
 
     def __post_init__(self) -> None:
         self.validate()

@@ -10,6 +10,7 @@ import argparse
 
 from ..errors import ReskipError
 from ..ar_retrofit.config import VARIANTS, RetrofitConfig
+from ..config_fields import help_of
 from ..train.config import RECIPE_RETROFIT
 
 DTYPES = ("auto", "float32", "bfloat16")  # `backbones.dtypes.DTYPE_NAMES`, without importing torch here
@@ -55,16 +56,17 @@ def budget_values(args, names=BUDGET_FLAGS) -> dict:
 
 
 def retrofit_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--block-size", type=int, default=None, help="layers per block (default 4)")
-    p.add_argument("--boundaries", default=None, help="explicit block starts, e.g. 4,8,12 (overrides --block-size)")
-    p.add_argument("--rank", type=int, default=None, help="adapter rank (default: 256 if d >= 1024, else 64)")
+    """The retrofit's flags, each with RetrofitConfig's own help text."""
+    def text(name: str) -> str:
+        return help_of(RetrofitConfig, name).replace("%", "%%")
+
+    p.add_argument("--block-size", type=int, default=None, help=text("block_size") + " (default 4)")
+    p.add_argument("--boundaries", default=None, help=text("boundaries") + "; as 4,8,12 (overrides --block-size)")
+    p.add_argument("--rank", type=int, default=None, help=text("rank"))
     p.add_argument("--skip-path", choices=("identity", "shortcut"), default=None,
-                   help="a skipped block is x + S_n(x), a learned low-rank shortcut (default, the training "
-                        "recipe's), or the identity (the source design's)")
-    p.add_argument("--shortcut-rank", type=int, default=None, help="rank of S_n (default: the adapter's)")
-    p.add_argument("--variant", choices=VARIANTS, default=None,
-                   help="how the routed mix enters a block: the recipe (default) or one of the source document's "
-                        "rejected designs (observer, interpolate, gamma_free; see `reskip experiment variants`)")
+                   help=text("skip_path") + " (default: shortcut when training)")
+    p.add_argument("--shortcut-rank", type=int, default=None, help=text("shortcut_rank"))
+    p.add_argument("--variant", choices=VARIANTS, default=None, help=text("variant"))
 
 
 def adapter_flag(p: argparse.ArgumentParser) -> None:

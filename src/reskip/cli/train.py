@@ -73,6 +73,7 @@ def register(sub) -> None:
     p.add_argument("--data", nargs="+", help="'default' (bundled mix), .txt/.jsonl files, folders, or HF dataset ids")
     for f in dataclasses.fields(TrainConfig):
         if f.name not in OWN_FLAGS:
-            p.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, default=None, metavar="V")
+            p.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, default=None, metavar="V",
+                           help=f"{f.metadata.get('help', '')} (default {f.default if f.default is not dataclasses.MISSING else f.default_factory()!r})".replace("%", "%%"))
     retrofit_flags(p)
     p.set_defaults(func=cmd_train)

@@ -31,6 +31,11 @@ class Packed:
     def n_tokens(self) -> int:
         return self.input_ids.numel()
 
+    def batches(self, batch_size: int):
+        """(input_ids, labels) of `batch_size` sequences at a time, in order (the last batch may be smaller)."""
+        for i in range(0, len(self), batch_size):
+            yield self.input_ids[i : i + batch_size], self.labels[i : i + batch_size]
+
 
 def _render(tokenizer, messages, generation_prompt=False) -> str:
     if tokenizer.chat_template:

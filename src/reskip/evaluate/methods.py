@@ -221,10 +221,98 @@ def _decisions(steps) -> tuple:
     return tuple(tuple(sorted(s)) for s in steps)
 
 
+@dataclass
+class Scoring:
+    """What every method's scoring of one data set shares: the model and data, the window and chunk size, the
+    FLOP cost of a trace, the LM head, the tallies already scored (sequence, decisions per step) -> Tally, and
+    the groups' final hidden states of the backbone and the retrofit."""
+
+    model: ReskipModel
+    data: Packed
+    window: int
+    chunk_size: int
+    cost: object  # (blocks skipped per step, tokens per step) -> (executed, dense) layer FLOPs
+    head: tuple
+    seen: dict = field(default_factory=dict)
+    hidden: dict = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, model: ReskipModel, data: Packed, window: int, chunk_size: int, seen=None, hidden=None) -> "Scoring":
+        flops = LayerFlops.of(model.base_model.config)
+        side = model.side_channel
+        per_shortcut = shortcut_flops(side.hidden_size, side.shortcut_rank)
+        shortcut = {n: per_shortcut for n in range(2, model.n_blocks)} if side.shortcuts is not None else {}
+
+        def cost(skipped, lengths):
+            return executed_share(model.blocks, skipped, lengths, flops, shortcut)
+
+        return cls(model, data, window, chunk_size, cost, output_head(model.base_model),
+                   {} if seen is None else seen, {} if hidden is None else hidden)
+
+    def references(self, rows: list[int]) -> dict[int, References]:
+        """The group's reference logits, each model in one batched pass over the group's sequences. Their
+        final hidden states are kept (a (G, T, d) pair per group, d/V of the logits' size), so a second
+        round over the same groups (the matched baselines) only reapplies the LM head: the same
+        operation on the same tensors, so the same logits."""
+        model, key = self.model, tuple(rows)
+        if key not in self.hidden:
+            ids = self.data.input_ids[rows]
+            with model.side_channel_disabled():
+                h_back = model(input_ids=ids, use_cache=False, hidden_only=True).last_hidden_state  # (G, T, d)
+            self.hidden[key] = (h_back, model(input_ids=ids, use_cache=False, hidden_only=True).last_hidden_state)
+        z_back, z_full = (head_logits(h, self.head) for h in self.hidden[key])  # (G, T, V) each
+        out = {}
+        for b, i in enumerate(rows):
+            zb, zf = z_back[b : b + 1], z_full[b : b + 1]
+            top2 = zf.topk(2, dim=-1).values
+            out[i] = References(self.data.labels[i : i + 1], zb, teacher_targets(zb), zb.argmax(-1), zf,
+                                zf.argmax(-1), top2[..., 0] - top2[..., 1])
+        return out
+
+    def tallies(self, method: Method, rows: list[int], refs: dict[int, References]) -> list[Tally]:
+        """The method's tally on each sequence of `rows`, in order; planned decisions are scored in one batch."""
+        model, T = self.model, self.data.input_ids.shape[1]
+        if method.policy is None:  # the backbone: its logits are the reference, computed once
+            return [_tally_of(refs[i].z_back, refs[i], [[]], [T], True, self.cost) for i in rows]
+        if isinstance(method.policy, NoSkip):  # one pass, nothing skipped
+            return [_tally_of(refs[i].z_full, refs[i], [[]], [T], False, self.cost) for i in rows]
+        n_steps = 1 if self.chunk_size >= T else math.ceil(T / self.chunk_size)
+        # Asked in sequence order, so a policy's state (a mix's counter, a random draw) advances as before.
+        plans = {i: plan(method.policy, model.n_blocks, n_steps) for i in rows}
+        if all(p is not None for p in plans.values()):
+            return self._planned(plans, rows, refs)
+        # A policy reading the routers' signal decides as it goes: the group in one batch, each row from its
+        # own signal, when its decisions are pure functions of that signal (ReSkip); else one at a time.
+        if method.policy.pure:
+            z, traces = score_rows(model, self.data.input_ids[rows], method.policy, self.window, self.chunk_size)
+            scored = [(z[b : b + 1], traces[b]) for b in range(len(rows))]
+        else:
+            scored = [score(model, self.data.input_ids[i : i + 1], method.policy, self.window, self.chunk_size)
+                      for i in rows]
+        out = []
+        for i, (z, trace) in zip(rows, scored):
+            skipped = [t.skipped for t in trace]
+            one = _tally_of(z, refs[i], skipped, [t.length for t in trace], False, self.cost)
+            self.seen[(i, _decisions(skipped))] = one
+            out.append(one)
+        return out
+
+    def _planned(self, plans: dict, rows: list[int], refs: dict[int, References]) -> list[Tally]:
+        """Decisions fixed in advance: the rows not already scored with exactly these decisions, in one batch."""
+        keys = {i: (i, _decisions(p.steps)) for i, p in plans.items()}
+        new = [i for i in rows if keys[i] not in self.seen]
+        if new:
+            z, traces = score_planned(self.model, self.data.input_ids[new], [plans[i] for i in new], self.chunk_size)
+            for b, i in enumerate(new):
+                self.seen[keys[i]] = _tally_of(z[b : b + 1], refs[i], [t.skipped for t in traces[b]],
+                                               [t.length for t in traces[b]], False, self.cost)
+        return [self.seen[keys[i]] for i in rows]
+
+
 @torch.no_grad()
 def evaluate_methods(model: ReskipModel, data: Packed, methods: list[Method], window: int, chunk_size: int,
                      policy_file: PolicyFile | None = None, seed: int = 0, progress=None, group: int = 4,
-                     _seen: dict | None = None, _hidden: dict | None = None) -> dict[str, dict]:
+                     _scoring: Scoring | None = None) -> dict[str, dict]:
     """Every method on every sequence of `data`, `group` sequences at a time (their references held
     together). A method that reads no signal has its decisions planned first (`policies.plan`) and the
     group's sequences scored in one batch (`scoring.score_planned`); a sequence already scored with
@@ -232,81 +320,17 @@ def evaluate_methods(model: ReskipModel, data: Packed, methods: list[Method], wi
     influence picking the same block) is not scored again: its metrics are reused. A method that reads
     the routers' signal scores the group in one batch too, each row making its own decisions as it goes
     (`scoring.score_rows`; one sequence at a time for a policy that is not `pure`)."""
-    flops = LayerFlops.of(model.base_model.config)
-    side = model.side_channel
-    per_shortcut = shortcut_flops(side.hidden_size, side.shortcut_rank)
-    shortcut = {n: per_shortcut for n in range(2, model.n_blocks)} if side.shortcuts is not None else {}
+    scoring = _scoring or Scoring.of(model, data, window, chunk_size)
     expand = any(m.name == "matched" for m in methods)
     methods = [m for m in methods if m.name != "matched"]
     tallies = {m.name: Tally() for m in methods}
-    seen = {} if _seen is None else _seen  # (sequence, decisions per step) -> that sequence's Tally
-    hidden = {} if _hidden is None else _hidden  # group's rows -> (backbone's, retrofit's) final hidden states
-    head = output_head(model.base_model)
     model.eval()
-
-    def cost(skipped, lengths):
-        return executed_share(model.blocks, skipped, lengths, flops, shortcut)
-
-    def run(method: Method, rows: list[int], refs: dict[int, References]) -> list[Tally]:
-        """The method's tally on each sequence of `rows`, in order; planned decisions are scored in one batch."""
-        T = data.input_ids.shape[1]
-        if method.policy is None:  # the backbone: its logits are the reference, computed once
-            return [_tally_of(refs[i].z_back, refs[i], [[]], [T], True, cost) for i in rows]
-        if isinstance(method.policy, NoSkip):  # one pass, nothing skipped
-            return [_tally_of(refs[i].z_full, refs[i], [[]], [T], False, cost) for i in rows]
-        n_steps = 1 if chunk_size >= T else math.ceil(T / chunk_size)
-        # Asked in sequence order, so a policy's state (a mix's counter, a random draw) advances as before.
-        plans = {i: plan(method.policy, model.n_blocks, n_steps) for i in rows}
-        if all(p is not None for p in plans.values()):
-            keys = {i: (i, _decisions(p.steps)) for i, p in plans.items()}
-            new = [i for i in rows if keys[i] not in seen]
-            if new:
-                z, traces = score_planned(model, data.input_ids[new], [plans[i] for i in new], chunk_size)
-                for b, i in enumerate(new):
-                    seen[keys[i]] = _tally_of(z[b : b + 1], refs[i], [t.skipped for t in traces[b]],
-                                              [t.length for t in traces[b]], False, cost)
-            return [seen[keys[i]] for i in rows]
-        # A policy reading the routers' signal decides as it goes: the group in one batch, each row from its
-        # own signal, when its decisions are pure functions of that signal (ReSkip); else one at a time.
-        if method.policy.pure:
-            z, traces = score_rows(model, data.input_ids[rows], method.policy, window, chunk_size)
-            scored = [(z[b : b + 1], traces[b]) for b in range(len(rows))]
-        else:
-            scored = [score(model, data.input_ids[i : i + 1], method.policy, window, chunk_size) for i in rows]
-        out = []
-        for i, (z, trace) in zip(rows, scored):
-            skipped = [t.skipped for t in trace]
-            one = _tally_of(z, refs[i], skipped, [t.length for t in trace], False, cost)
-            seen[(i, _decisions(skipped))] = one
-            out.append(one)
-        return out
-
-    def references(rows: list[int]) -> dict[int, References]:
-        """The group's reference logits, each model in one batched pass over the group's sequences. Their
-        final hidden states are kept (a (G, T, d) pair per group, d/V of the logits' size), so a second
-        round over the same groups (the matched baselines) only reapplies the LM head: the same
-        operation on the same tensors, so the same logits."""
-        key = tuple(rows)
-        if key not in hidden:
-            ids = data.input_ids[rows]
-            with model.side_channel_disabled():
-                h_back = model(input_ids=ids, use_cache=False, hidden_only=True).last_hidden_state  # (G, T, d)
-            hidden[key] = (h_back, model(input_ids=ids, use_cache=False, hidden_only=True).last_hidden_state)
-        z_back, z_full = (head_logits(h, head) for h in hidden[key])  # (G, T, V) each
-        out = {}
-        for b, i in enumerate(rows):
-            zb, zf = z_back[b : b + 1], z_full[b : b + 1]
-            top2 = zf.topk(2, dim=-1).values
-            out[i] = References(data.labels[i : i + 1], zb, teacher_targets(zb), zb.argmax(-1), zf, zf.argmax(-1),
-                                top2[..., 0] - top2[..., 1])
-        return out
-
     for g in range(0, len(data), group):
         rows = list(range(g, min(len(data), g + group)))
-        refs = references(rows)
+        refs = scoring.references(rows)
         for m in methods:
             t0 = time.perf_counter()
-            for one in run(m, rows, refs):
+            for one in scoring.tallies(m, rows, refs):
                 tallies[m.name].add(one)
             tallies[m.name].seconds += time.perf_counter() - t0
         del refs
@@ -315,15 +339,22 @@ def evaluate_methods(model: ReskipModel, data: Packed, methods: list[Method], wi
     ppl_backbone = math.exp(tallies["backbone"].ce / tallies["backbone"].targets) if "backbone" in tallies else None
     results = {name: t.result(ppl_backbone, model.n_blocks) for name, t in tallies.items()}
     if expand and policy_file is not None:
-        extra = []
-        for name, r in list(results.items()):
-            if name.startswith("reskip") and r["mean_skipped"] > 0:  # nothing to match when ReSkip never skips
-                extra += [m for m in matched_methods(policy_file, r["mean_skipped"], seed) if m.name not in results
-                          and m.name not in {e.name for e in extra}]
-        if extra:
-            more = evaluate_methods(model, data, [Method("backbone", None), *extra], window, chunk_size, None, seed,
-                                    group=group, _seen=seen, _hidden=hidden)
-            for m in extra:
-                # `more` holds its own backbone row over the same sequences, so its ratios already hold
-                results[m.name] = {**more[m.name], "matched": True}
+        _add_matched(results, scoring, policy_file, seed, group)
     return results
+
+
+def _add_matched(results: dict, scoring: Scoring, policy_file: PolicyFile, seed: int, group: int) -> None:
+    """static, influence and random at every skipping ReSkip point's measured mean skips, scored in a second
+    round that reuses the first round's hidden states and tallies."""
+    extra = []
+    for name, r in list(results.items()):
+        if name.startswith("reskip") and r["mean_skipped"] > 0:  # nothing to match when ReSkip never skips
+            extra += [m for m in matched_methods(policy_file, r["mean_skipped"], seed) if m.name not in results
+                      and m.name not in {e.name for e in extra}]
+    if not extra:
+        return
+    more = evaluate_methods(scoring.model, scoring.data, [Method("backbone", None), *extra], scoring.window,
+                            scoring.chunk_size, None, seed, group=group, _scoring=scoring)
+    for m in extra:
+        # `more` holds its own backbone row over the same sequences, so its ratios already hold
+        results[m.name] = {**more[m.name], "matched": True}

@@ -42,10 +42,10 @@ def dilution(model: ReskipModel, ids: torch.Tensor) -> dict:
         for h in hooks:
             h.remove()
     energy, cos2 = [1.0], [1.0]
-    e0 = h0.pow(2).sum(-1)
+    energy_0 = h0.pow(2).sum(-1)
     for out in outputs:
         hl = out.float()[:, 1:]
-        energy.append(float((e0 / hl.pow(2).sum(-1)).mean()))
+        energy.append(float((energy_0 / hl.pow(2).sum(-1)).mean()))
         cos2.append(float(F.cosine_similarity(h0, hl, dim=-1).pow(2).mean()))
     layers = list(range(len(energy)))
     block_ends = [b.stop for b in model.blocks]

@@ -76,8 +76,7 @@ def cost_curves(model: ReskipModel, data: Packed, window: int, chunk_size: int, 
     ends = chunk_ends(length, chunk_size)
     ce_full, n_targets = 0.0, int((data.labels[:, 1:] != -100).sum())
     signals: dict[int, list[torch.Tensor]] = {n: [] for n in range(2, n_blocks + 1)}
-    batches = [(data.input_ids[i : i + batch_size], data.labels[i : i + batch_size])
-               for i in range(0, len(data), batch_size)]
+    batches = list(data.batches(batch_size))
     for ids, labels in batches:
         out = model(input_ids=ids, use_cache=False, output_alphas=True)
         ce_full += ce_sum(out.logits, labels).item()
@@ -179,8 +178,7 @@ def measure(model: ReskipModel, data: Packed, blocks: dict[str, dict], window: i
     policy = policy_of_allocation(blocks, "budget")
     ce, n_targets, skipped, steps = 0.0, 0, 0, 0
     seen: dict[int, list[float]] = {n: [] for n in policy.eligible if n not in policy.always}
-    for i in range(0, len(data), batch_size):
-        ids, labels = data.input_ids[i : i + batch_size], data.labels[i : i + batch_size]
+    for ids, labels in data.batches(batch_size):
         logits, traces = score_rows(model, ids, policy, window, chunk_size)
         for b, trace in enumerate(traces):  # in sequence order, so the signals are listed as one at a time
             ce += ce_sum(logits[b : b + 1], labels[b : b + 1]).item()

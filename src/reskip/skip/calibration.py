@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -42,66 +43,11 @@ def calibrate(model: ReskipModel, data: Packed, delta: float = 0.2, quantile: fl
     if window < 1:
         raise ValueError("window must be >= 1")
     t0 = time.perf_counter()
-    n_blocks = model.n_blocks
-    ce_full, n_targets = 0.0, 0
-    ce_skip = {k: 0.0 for k in range(1, n_blocks + 1)}
-    alpha_sum = {n: torch.zeros(n) for n in range(2, n_blocks + 1)}  # E[alpha_{i -> n}] numerators
-    cos_sum = {k: 0.0 for k in range(1, n_blocks + 1)}
-    w_values: dict[int, list[torch.Tensor]] = {n: [] for n in range(2, n_blocks + 1)}
-    prev_values: dict[int, list[torch.Tensor]] = {n: [] for n in range(2, n_blocks + 1)}  # alpha_{n-1 -> n} per token
-    positions = 0
-    was_training = model.training
-    model.eval()
-    for i in range(0, len(data), batch_size):
-        ids, labels = data.input_ids[i : i + batch_size], data.labels[i : i + batch_size]
-        with model.capturing() as captured:
-            full = model(input_ids=ids, use_cache=False, output_alphas=True)
-            cap = captured()
-        ce_full += ce_sum(full.logits, labels).item()
-        n_targets += int((labels[:, 1:] != -100).sum())
-        positions += ids.numel()
-        for n, alpha in full.alphas.items():  # (B, T, n)
-            alpha_sum[n] += alpha.float().sum(dim=(0, 1))
-            w_values[n].append(sliding_mean(alpha[..., -1].float(), window).flatten())
-            prev_values[n].append(alpha[..., -1].float().flatten())
-        for k in range(1, n_blocks + 1):
-            x, h = cap.inputs[k].float(), cap.states[k].float()
-            cos_sum[k] += F.cosine_similarity(x, h, dim=-1).sum().item()
-            with model.replaying(cap, k):
-                ce_skip[k] += ce_sum(model(input_ids=ids, use_cache=False).logits, labels).item()
-        if progress is not None:
-            progress(min(i + batch_size, len(data)), len(data))
-    model.train(was_training)
-
-    ppl_full = math.exp(ce_full / n_targets)
-    mean_alpha = {n: (s / positions).tolist() for n, s in alpha_sum.items()}
-    blocks = []
-    for n, layers in zip(range(1, n_blocks + 1), inclusive_ranges(model.blocks)):
-        a = math.exp(ce_skip[n] / n_targets) / ppl_full
-        later = [mean_alpha[l][n] for l in range(n + 1, n_blocks + 1)]
-        entry = {
-            "block": n,
-            "layers": layers,
-            "A": a,
-            "I": max(later) if later else None,
-            "cos_in_out": cos_sum[n] / positions,
-            "router": n >= 2,
-        }
-        if n >= 2:
-            w = torch.cat(w_values[n]).numpy()
-            grid = np.quantile(w, np.linspace(0, 1, GRID)).tolist()
-            entry.update(
-                tau=float(np.quantile(w, quantile)),
-                quantile=quantile,
-                w_recent_quantiles=grid,
-                w_recent_mean=float(w.mean()),
-                histogram=np.histogram(w, bins=20, range=(0.0, 1.0))[0].tolist(),
-                signal=signal_health(torch.cat(prev_values[n]).numpy(), w),
-                eligible=bool(a < 1 + delta),
-            )
-        else:  # block 1 has a single source and no router: no signal, never eligible
-            entry.update(tau=None, quantile=None, eligible=False)
-        blocks.append(entry)
+    m = measure_blocks(model, data, window, batch_size, progress)
+    ppl_full = math.exp(m.ce_full / m.n_targets)
+    mean_alpha = {n: (s / m.positions).tolist() for n, s in m.alpha_sum.items()}
+    blocks = [block_entry(n, layers, m, ppl_full, mean_alpha, delta, quantile)
+              for n, layers in zip(range(1, model.n_blocks + 1), inclusive_ranges(model.blocks))]
     policy = {
         "format_version": FORMAT_VERSION,
         "kind": "reskip-policy",
@@ -113,13 +59,77 @@ def calibrate(model: ReskipModel, data: Packed, delta: float = 0.2, quantile: fl
         "window": window,
         "max_skips": max_skips,
         "calibration": {"data": data_record or {}, "sequences": len(data), "seq_len": int(data.input_ids.shape[1]),
-                        "tokens": positions, "labelled_targets": n_targets,
+                        "tokens": m.positions, "labelled_targets": m.n_targets,
                         "wall_s": time.perf_counter() - t0},  # the blocks' ablation passes (the frontier: `budgets`)
         "ppl_full": ppl_full,
-        "I_source0": max(m[0] for m in mean_alpha.values()) if mean_alpha else None,
+        "I_source0": max(v[0] for v in mean_alpha.values()) if mean_alpha else None,
         "mean_alpha": {str(n): v for n, v in mean_alpha.items()},
         "blocks": blocks,
     }
     pf = PolicyFile(policy)
-    pf.validate(n_blocks)
+    pf.validate(model.n_blocks)
     return pf
+
+
+@dataclass
+class BlockSums:
+    """Sums over the calibration data: the full model's CE and each block's skipped CE (over n_targets labelled
+    targets), E[alpha_{i->n}] numerators and cos(x_n, h_n) sums (over `positions`), w_recent(n) and
+    alpha_{n-1->n} per token."""
+
+    ce_full: float
+    n_targets: int
+    positions: int
+    ce_skip: dict
+    alpha_sum: dict
+    cos_sum: dict
+    w_values: dict
+    prev_values: dict
+
+
+@torch.no_grad()
+def measure_blocks(model: ReskipModel, data: Packed, window: int, batch_size: int, progress=None) -> BlockSums:
+    """One full pass per batch, and one replayed pass per block with that block as identity."""
+    n_blocks = model.n_blocks
+    m = BlockSums(0.0, 0, 0, {k: 0.0 for k in range(1, n_blocks + 1)},
+                  {n: torch.zeros(n) for n in range(2, n_blocks + 1)}, {k: 0.0 for k in range(1, n_blocks + 1)},
+                  {n: [] for n in range(2, n_blocks + 1)}, {n: [] for n in range(2, n_blocks + 1)})
+    was_training = model.training
+    model.eval()
+    for i, (ids, labels) in zip(range(0, len(data), batch_size), data.batches(batch_size)):
+        with model.capturing() as captured:
+            full = model(input_ids=ids, use_cache=False, output_alphas=True)
+            cap = captured()
+        m.ce_full += ce_sum(full.logits, labels).item()
+        m.n_targets += int((labels[:, 1:] != -100).sum())
+        m.positions += ids.numel()
+        for n, alpha in full.alphas.items():  # (B, T, n)
+            m.alpha_sum[n] += alpha.float().sum(dim=(0, 1))
+            m.w_values[n].append(sliding_mean(alpha[..., -1].float(), window).flatten())
+            m.prev_values[n].append(alpha[..., -1].float().flatten())
+        for k in range(1, n_blocks + 1):
+            x, h = cap.inputs[k].float(), cap.states[k].float()
+            m.cos_sum[k] += F.cosine_similarity(x, h, dim=-1).sum().item()
+            with model.replaying(cap, k):
+                m.ce_skip[k] += ce_sum(model(input_ids=ids, use_cache=False).logits, labels).item()
+        if progress is not None:
+            progress(min(i + batch_size, len(data)), len(data))
+    model.train(was_training)
+    return m
+
+
+def block_entry(n: int, layers, m: BlockSums, ppl_full: float, mean_alpha: dict, delta: float, quantile: float
+                ) -> dict:
+    """policy.json's entry of block n: A(n), I(n), cos(x, h), and for a block with a router its threshold, the
+    w_recent distribution it came from, the signal's health and eligibility."""
+    a = math.exp(m.ce_skip[n] / m.n_targets) / ppl_full
+    later = [mean_alpha[l][n] for l in range(n + 1, len(mean_alpha) + 2)]
+    entry = {"block": n, "layers": layers, "A": a, "I": max(later) if later else None,
+             "cos_in_out": m.cos_sum[n] / m.positions, "router": n >= 2}
+    if n < 2:  # block 1 has a single source and no router: no signal, never eligible
+        return {**entry, "tau": None, "quantile": None, "eligible": False}
+    w = torch.cat(m.w_values[n]).numpy()
+    return {**entry, "tau": float(np.quantile(w, quantile)), "quantile": quantile,
+            "w_recent_quantiles": np.quantile(w, np.linspace(0, 1, GRID)).tolist(), "w_recent_mean": float(w.mean()),
+            "histogram": np.histogram(w, bins=20, range=(0.0, 1.0))[0].tolist(),
+            "signal": signal_health(torch.cat(m.prev_values[n]).numpy(), w), "eligible": bool(a < 1 + delta)}

@@ -163,8 +163,7 @@ def fit_probes(model: ReskipModel, data: Packed, blocks: list[int], window: int,
     states = {n: [] for n in blocks}
     costs = {n: [] for n in blocks}
     labelled = []
-    for i in range(0, len(data), batch_size):
-        ids, labels = data.input_ids[i : i + batch_size], data.labels[i : i + batch_size]
+    for ids, labels in data.batches(batch_size):
         full, cap, base, cost = block_costs(model, ids, labels, blocks)
         labelled.append(torch.nn.functional.pad(labels[:, 1:] != -100, (0, 1)))  # (B, T): position t predicts t+1
         for n in blocks:

@@ -86,8 +86,7 @@ def signal_test(model: ReskipModel, data: Packed, blocks: list[int], window: int
     generator = torch.Generator().manual_seed(seed)
     full_nll, targets = [], []
     nll = {(n, p, c): [] for n in blocks for p in rates for c in choosers}
-    for i in range(0, len(data), batch_size):
-        ids, labels = data.input_ids[i : i + batch_size], data.labels[i : i + batch_size]
+    for ids, labels in data.batches(batch_size):
         full, cap, base, costs = block_costs(model, ids, labels, blocks)
         full_nll.append(base.sum(1))
         targets.append((labels[:, 1:] != -100).sum(1))

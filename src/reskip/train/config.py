@@ -5,12 +5,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import yaml
 
 from ..errors import ReskipError
 from ..ar_retrofit.config import RetrofitConfig, reject_unknown_keys
+from ..config_fields import described
 
 class _Yaml12Loader(yaml.SafeLoader):
     """PyYAML's safe loader, reading numbers as YAML 1.2 and JSON do: in YAML 1.1 a float needs a dot, so
@@ -30,7 +31,7 @@ REAL_FIELDS = ("lr", "router_lr_mult", "source_bias_lr_mult", "weight_decay", "w
                "lambda_signal", "lambda_local", "hold_frac", "ramp_end_frac",
                "skip_fraction")
 # The training recipe's retrofit, where it differs from RetrofitConfig's (the source design's, which a bare
-# `retrofit(model)` keeps): a skipped block goes through a learned shortcut (docs/experiments.md, E15).
+# `retrofit(model)` keeps): a skipped block goes through a learned shortcut.
 RECIPE_RETROFIT = {"skip_path": "shortcut"}
 REPORT_TO = (None, "tensorboard")
 INT_FIELDS = ("seq_len", "steps", "batch_size", "grad_accum", "eval_every", "eval_sequences", "save_every",
@@ -39,69 +40,60 @@ INT_FIELDS = ("seq_len", "steps", "batch_size", "grad_accum", "eval_every", "eva
 
 @dataclass
 class TrainConfig:
-    """Everything a training run needs; written resolved into the run folder as config.yaml.
+    """Everything a training run needs; written resolved into the run folder as config.yaml. Each field's help
+    text (`config_fields.described`) is what `reskip train --help` and docs/guide.md's table say of it.
 
-    batch_size: sequences per optimizer step (global, over processes and accumulation).
-    grad_accum: micro-steps per optimizer step on each process.
-    skip_blocks: blocks the skip branch may draw; None -> every block but the first and the
-        last (which ablation shows are load-bearing on every backbone we measured).
-    skip_fraction: the share of positions (drawn per step) at which the drawn block is identity in
-        the skip branch; 1.0 (default) is the source design's whole-block skip, below 1 a token-level one.
-    lambda_local: with a skip shortcut, the weight of the local regression of x_n + S_n(x_n) onto the
-        block's real output h_n (`objective.local_regression`); 1 (default); 0: the shortcut learns
-        from the skip branch's KL only.
-    skip_max_blocks: the skip branch drops 1..skip_max_blocks distinct blocks together (the count
-        drawn uniformly per step); 1 (default) is the source design's single block.
-    hold_frac / ramp_end_frac: c(t) is 0 until hold_frac of training, 1 from ramp_end_frac.
-    router_lr_mult / source_bias_lr_mult: the learning rate of the routers' queries w_n / of their
-        per-source biases b_i, as multiples of lr. A router moves its logits by at most |w_n|, and
-        Adam moves each coordinate by about lr per step, so at the default lr a query can hardly
-        grow within a retrofit budget; the multipliers let it (docs/experiments.md measures them).
+    Why the routers' queries have a learning-rate multiple of their own: a router moves its logits by at most
+    |w_n|, and Adam moves each coordinate by about lr per step, so at the default lr a query can hardly grow
+    within a retrofit budget; the multipliers let it (the lab notebook measures them).
     """
 
-    model: str | None = None
-    # The frozen backbone's compute dtype: auto (bfloat16 on CUDA and on CPUs with AMX or AVX512-BF16, else
-    # float32; written resolved into config.yaml), float32 or bfloat16. The side-channel stays float32.
-    dtype: str = "auto"
-    trust_remote_code: bool = False
-    data: list[str] = field(default_factory=lambda: ["default"])
-    data_weights: dict[str, float] | None = None
-    seq_len: int = 256
-    steps: int = 100
-    batch_size: int = 8
-    grad_accum: int = 1
-    lr: float = 2e-3
-    router_lr_mult: float = 1.0
-    source_bias_lr_mult: float = 1.0
-    weight_decay: float = 0.0
-    warmup_frac: float = 0.05
-    min_lr_frac: float = 0.1
-    clip_norm: float = 1.0
-    lambda_kl: float = 1.0
-    lambda_ent: float = 0.01
-    lambda_signal: float = 1.0
-    lambda_local: float = 1.0
-    hold_frac: float = 0.02
-    ramp_end_frac: float = 0.3
-    skip_blocks: list[int] | None = None
-    skip_fraction: float = 1.0
-    skip_max_blocks: int = 1
-    # CE and KL from the LM head in chunks of this many positions (null: from whole (B, T, V) logits). 64: the
-    # step's peak 4.25 GiB above the model at 8 x 256 on the bundled model against 6.02 unchunked, no slower.
-    loss_chunk: int | None = 64
-    recompute: bool = False  # activation checkpointing of the frozen layers (less memory, one more forward)
-    # None, or "tensorboard": every logged record also goes to accelerate's tracker (RUN/tensorboard/);
-    # train_log.jsonl stays the source of truth
-    report_to: str | None = None
-    eval_every: int = 25
-    eval_sequences: int = 16
-    # The skip-branch KL of every block at every validation (one more pass per block); false: at the first and
-    # the last only, what the summary reads (the experiments' arms, whose A(n) calibration measures)
-    skip_kl_curve: bool = True
-    save_every: int = 25
-    log_every: int = 1
-    seed: int = 0
-    retrofit: dict = field(default_factory=dict)
+    model: str | None = described(None, "the backbone: null (the bundled SmolLM2-135M-Instruct), a packaged name, a "
+                                        "hub id, a folder or a .gguf")
+    dtype: str = described("auto", "the frozen backbone's compute dtype: auto (bfloat16 on CUDA and on CPUs with AMX "
+                                   "or AVX512-BF16, else float32; written resolved), float32 or bfloat16; the "
+                                   "side-channel stays float32")
+    trust_remote_code: bool = described(False, "let a model's own Python code run (off: it never does)")
+    data: list[str] = described(help="training data specs: default (the bundled mix), text files or folders, JSONL, "
+                                     "chat JSONL, a dataset id", default_factory=lambda: ["default"])
+    data_weights: dict[str, float] | None = described(None, "the share of each part of the data (null: equal shares)")
+    seq_len: int = described(256, "tokens per training sequence")
+    steps: int = described(100, "optimizer steps")
+    batch_size: int = described(8, "sequences per optimizer step (global, over processes and accumulation)")
+    grad_accum: int = described(1, "micro-steps per optimizer step on each process")
+    lr: float = described(2e-3, "peak learning rate (AdamW), linear warm-up then cosine decay")
+    router_lr_mult: float = described(1.0, "the routers' queries w_n learn at this multiple of lr")
+    source_bias_lr_mult: float = described(1.0, "the routers' per-source biases b_i learn at this multiple of lr")
+    weight_decay: float = described(0.0, "AdamW weight decay")
+    warmup_frac: float = described(0.05, "share of the steps of linear learning-rate warm-up")
+    min_lr_frac: float = described(0.1, "the cosine decay ends at this multiple of lr")
+    clip_norm: float = described(1.0, "gradient norm clipping")
+    lambda_kl: float = described(1.0, "weight of KL(teacher || skip branch)")
+    lambda_ent: float = described(0.01, "weight of the routers' entropy (subtracted: it keeps routing spread)")
+    lambda_signal: float = described(1.0, "weight of the signal term: corr(alpha on h_{n-1}, the measured per-token "
+                                          "cost of skipping n) for the drawn block; 0 is the source design's loss")
+    lambda_local: float = described(1.0, "with skip shortcuts, weight of the local regression of x_n + S_n(x_n) onto "
+                                         "the block's real output h_n; 0: shortcuts learn from the skip branch only")
+    hold_frac: float = described(0.02, "c(t) is 0 (exact parity) for this share of the steps")
+    ramp_end_frac: float = described(0.3, "c(t) rises linearly to 1 at this share of the steps")
+    skip_blocks: list[int] | None = described(None, "blocks the skip branch may draw (null: every block but the first "
+                                                    "and the last)")
+    skip_fraction: float = described(1.0, "share of positions at which the drawn block is skipped (1: the whole "
+                                          "block; below 1 a token-level skip branch)")
+    skip_max_blocks: int = described(1, "the skip branch drops 1..this many distinct blocks together")
+    loss_chunk: int | None = described(64, "CE and KL from the LM head this many positions at a time (null: whole "
+                                           "(B, T, V) logits); the step's peak memory 4.25 against 6.02 GiB at 8 x 256")
+    recompute: bool = described(False, "activation checkpointing of the frozen layers: less memory, one more forward")
+    report_to: str | None = described(None, "null, or tensorboard: every logged record also goes to RUN/tensorboard/")
+    eval_every: int = described(25, "steps between validations")
+    eval_sequences: int = described(16, "validation sequences")
+    skip_kl_curve: bool = described(True, "the skip-branch KL of every block at every validation (false: at the "
+                                          "first and the last only; one pass per block fewer)")
+    save_every: int = described(25, "steps between checkpoints (the two newest are kept)")
+    log_every: int = described(1, "steps between train records in train_log.jsonl")
+    seed: int = described(0, "the random seed: initialisation, data order, drawn blocks and positions")
+    retrofit: dict = described(help="RetrofitConfig keys (block_size, rank, skip_path, ...) over the recipe's",
+                               default_factory=dict)
 
     def retrofit_config(self) -> RetrofitConfig:
         return RetrofitConfig.from_dict(self.resolved_retrofit())

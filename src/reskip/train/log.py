@@ -69,7 +69,7 @@ def format_summary(s: dict) -> str:
         "block  entropy start -> end (max log n)   skip-branch KL start -> end",
     ]
     for n in sorted(s["skip_kl"]["end"] or {}, key=int):
-        e0, e1, em = (s["entropy"][x].get(n) for x in ("start", "end", "max"))
-        ent = f"{e0:.3f} -> {e1:.3f} ({em:.3f})" if e0 is not None else "-  (no router)"
+        first, last, top = (s["entropy"][x].get(n) for x in ("start", "end", "max"))
+        ent = f"{first:.3f} -> {last:.3f} ({top:.3f})" if first is not None else "-  (no router)"
         lines.append(f"{n:>5}  {ent:<32} {s['skip_kl']['start'][n]:.4f} -> {s['skip_kl']['end'][n]:.4f}")
     return "\n".join(lines)

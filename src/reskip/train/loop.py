@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -69,6 +70,34 @@ def check_against_backbone(cfg: TrainConfig) -> int:
     return n_blocks
 
 
+@dataclass
+class TrainingRun:
+    """What one training process holds while it trains: the resolved config, the distributed engine, the model
+    and its objective and optimizer, the packed data, the run folder's files and where the run stands."""
+
+    cfg: TrainConfig
+    accelerator: Accelerator
+    model: ReskipModel
+    objective: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    train_data: Packed
+    val_data: Packed
+    files: RunFolder
+    step: int = 0
+    tokens_seen: int = 0
+    teacher_states: dict = field(default_factory=dict)  # the backbone's final hidden states on val_data, kept
+
+    @property
+    def main(self) -> bool:
+        return self.accelerator.is_main_process
+
+    def log(self, rec: dict) -> None:
+        if self.main:
+            append_record(self.files.train_log, rec)
+            if self.cfg.report_to:
+                self.accelerator.log(scalars(rec), step=rec["step"])
+
+
 def train(
     cfg: TrainConfig,
     run_dir: Path,
@@ -77,30 +106,51 @@ def train(
     show_progress: bool = True,
 ) -> dict:
     """Train into `run_dir` (config.yaml, splits.json, train_log.jsonl, checkpoints/, adapter/, summary.json)."""
+    run = open_training(cfg, Path(run_dir), resume, show_progress)
+    cfg = run.cfg
+    if run.step == 0:
+        validate(run)
+    bar = Progress(cfg.steps, "train", initial=run.step, enabled=run.main and show_progress)
+    t0 = time.time()
+    while run.step < cfg.steps:
+        record = optimizer_step(run, bar)
+        record["elapsed_s"] = time.time() - t0
+        done = run.step
+        if done % cfg.log_every == 0 or done == cfg.steps:
+            run.log(record)
+        bar.update(1, **{x: f"{record[x]:.3f}" for x in ("loss", "ce", "kl")}, c=f"{record['c']:.2f}")
+        if done % cfg.eval_every == 0 or done == cfg.steps:
+            validate(run)
+        if done % cfg.save_every == 0 or done == cfg.steps:
+            if run.main:
+                save_checkpoint(run.files.root, done, run.model, run.optimizer, run.tokens_seen)
+            run.accelerator.wait_for_everyone()
+        if on_step_end is not None:
+            on_step_end(done, run.model)
+    bar.close()
+    return finish(run, wall_s=time.time() - t0)
+
+
+def open_training(cfg: TrainConfig, run_dir: Path, resume: bool, show_progress: bool) -> TrainingRun:
+    """Check the config, load the backbone and data, build the model, objective and optimizer (restored from
+    the last checkpoint on `resume`), and write config.yaml and splits.json."""
     # cpu=True when there is no GPU: under torchrun this gives gloo data-parallel on CPU processes.
     accelerator = Accelerator(gradient_accumulation_steps=cfg.grad_accum, cpu=not torch.cuda.is_available(),
                               log_with=cfg.report_to, project_dir=run_dir if cfg.report_to else None)
-    world, rank = accelerator.num_processes, accelerator.process_index
-    cfg.validate(world_size=world)
+    cfg.validate(world_size=accelerator.num_processes)
     # config.yaml, the adapter and a resumed run keep the dtype 'auto' resolved to on this hardware
     asked, cfg = cfg.dtype, dataclasses.replace(cfg, dtype=resolve_dtype_name(cfg.dtype, accelerator.device))
-    run_dir = Path(run_dir)
     files = RunFolder(run_dir)
-    log_path = files.train_log
     splits, record = load_splits(cfg.data)  # cheap; an empty data set fails here, before the model
-    n_blocks = check_against_backbone(cfg)
-    rcfg = cfg.retrofit_config()
-    drawable = cfg.drawable_blocks(n_blocks)
-
+    check_against_backbone(cfg)
     torch.manual_seed(cfg.seed)
     if accelerator.is_main_process and show_progress:
         print(f"[train] {cfg.steps} steps x {cfg.batch_size} x {cfg.seq_len} tokens, backbone in {describe(asked)}",
               flush=True)
     base, tokenizer = load_backbone(cfg.model, cfg.dtype, cfg.trust_remote_code)
-    model = retrofit(base, rcfg, seed=cfg.seed)
+    model = retrofit(base, cfg.retrofit_config(), seed=cfg.seed)
     train_data, val_data = prepare_data(cfg, tokenizer, splits)
     optimizer = torch.optim.AdamW(parameter_groups(model, cfg), lr=cfg.lr, weight_decay=cfg.weight_decay)
-
     start, tokens_seen = 0, 0
     if resume:
         ckpt = latest_checkpoint(run_dir)
@@ -108,116 +158,103 @@ def train(
             raise ReskipError(f"{run_dir} has no checkpoint to resume from")
         state = load_checkpoint(ckpt, model, optimizer)
         start, tokens_seen = state["step"], state["tokens_seen"]
-    objective = RetrofitObjective.of(model, cfg)
-    objective, optimizer = accelerator.prepare(objective, optimizer)
-    main = accelerator.is_main_process
-    if main:
+    objective, optimizer = accelerator.prepare(RetrofitObjective.of(model, cfg), optimizer)
+    if accelerator.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(files.config, cfg.to_yaml())
         record["packed"] = {"train_sequences": len(train_data), "val_sequences": len(val_data), "seq_len": cfg.seq_len}
         atomic_write_json(files.splits, record)
         if resume:
-            truncate_after(log_path, start)
-        elif log_path.exists():
-            log_path.unlink()
-
+            truncate_after(files.train_log, start)
+        elif files.train_log.exists():
+            files.train_log.unlink()
     if cfg.report_to:
         accelerator.init_trackers(TRACKER_RUN, config=hyperparameters(cfg.to_dict()))
+    return TrainingRun(cfg, accelerator, model, objective, optimizer, train_data, val_data, files, start, tokens_seen)
 
-    def log(rec):
-        if main:
-            append_record(log_path, rec)
-            if cfg.report_to:
-                accelerator.log(scalars(rec), step=rec["step"])
 
-    teacher_states = {}  # the frozen backbone's final hidden states on val_data, kept across validations
+def validate(run: TrainingRun) -> None:
+    """One validation record at the run's step (main process only)."""
+    cfg, model, step = run.cfg, run.model, run.step
+    if not run.main:
+        return
+    model.set_curriculum(curriculum(step, cfg.steps, cfg.hold_frac, cfg.ramp_end_frac))
+    # With chunked losses (the memory-lean recipe) validation scores one sequence at a time, so it holds
+    # (1, T, V) logits, not the micro-batch's (B, T, V): otherwise it would set the run's peak.
+    val_batch = 1 if cfg.loss_chunk else max(1, cfg.batch_size // max(1, cfg.grad_accum))
+    skip_kl = cfg.skip_kl_curve or step in (0, cfg.steps)
+    run.log({"kind": "eval", "step": step, "c": model.side_channel.curriculum, "tokens_seen": run.tokens_seen,
+             **evaluate(model, run.val_data, batch_size=val_batch, skip_kl=skip_kl, teacher_states=run.teacher_states)})
 
-    def run_eval(step):
-        if main:
-            model.set_curriculum(curriculum(step, cfg.steps, cfg.hold_frac, cfg.ramp_end_frac))
-            # With chunked losses (the memory-lean recipe) validation scores one sequence at a time, so it holds
-            # (1, T, V) logits, not the micro-batch's (B, T, V): otherwise it would set the run's peak.
-            val_batch = 1 if cfg.loss_chunk else max(1, cfg.batch_size // max(1, cfg.grad_accum))
-            skip_kl = cfg.skip_kl_curve or step in (0, cfg.steps)
-            log({"kind": "eval", "step": step, "c": model.side_channel.curriculum, "tokens_seen": tokens_seen,
-                 **evaluate(model, val_data, batch_size=val_batch, skip_kl=skip_kl, teacher_states=teacher_states)})
 
-    if start == 0:
-        run_eval(0)
+def optimizer_step(run: TrainingRun, bar: Progress) -> dict:
+    """One optimizer step at run.step (its micro-batches on every process); advances the run and returns the
+    step's train record, its terms averaged over processes and micro-batches."""
+    cfg, acc, step = run.cfg, run.accelerator, run.step
+    world, rank = acc.num_processes, acc.process_index
+    c = curriculum(step, cfg.steps, cfg.hold_frac, cfg.ramp_end_frac)
+    lr = learning_rate(step, cfg.steps, cfg.lr, cfg.warmup_frac, cfg.min_lr_frac)
+    run.model.set_curriculum(c)
+    for group in run.optimizer.param_groups:
+        group["lr"] = lr * group["lr_mult"]
+    dropped = drawn_blocks(step, cfg.seed, cfg.drawable_blocks(run.model.n_blocks), cfg.skip_max_blocks)
+    k, also = dropped[0], tuple(dropped[1:])
+    # The global batch of this step, the same on every process; data cycles when exhausted.
+    idx = [(step * cfg.batch_size + j) % len(run.train_data) for j in range(cfg.batch_size)]
+    ids, labels = run.train_data.input_ids[idx], run.train_data.labels[idx]
+    positions = skipped_positions(step, cfg.seed, tuple(ids.shape), cfg.skip_fraction)
+    n_targets = int((labels[:, 1:] != -100).sum())
+    # Each micro-batch contributes sum / global count; DDP averages over processes and
+    # accelerate divides by grad_accum, hence the factor world * grad_accum.
+    target_scale = world * cfg.grad_accum / max(n_targets, 1)
+    position_scale = world * cfg.grad_accum / ids.numel()
     micro = cfg.batch_size // (world * cfg.grad_accum)
-    n_train = len(train_data)
-    bar = Progress(cfg.steps, "train", initial=start, enabled=main and show_progress)
-    t0 = time.time()
-    for step in range(start, cfg.steps):
-        c = curriculum(step, cfg.steps, cfg.hold_frac, cfg.ramp_end_frac)
-        lr = learning_rate(step, cfg.steps, cfg.lr, cfg.warmup_frac, cfg.min_lr_frac)
-        model.set_curriculum(c)
-        for group in optimizer.param_groups:
-            group["lr"] = lr * group["lr_mult"]
-        dropped = drawn_blocks(step, cfg.seed, drawable, cfg.skip_max_blocks)
-        k, also = dropped[0], tuple(dropped[1:])
-        # The global batch of this step, the same on every process; data cycles when exhausted.
-        idx = [(step * cfg.batch_size + j) % n_train for j in range(cfg.batch_size)]
-        ids, labels = train_data.input_ids[idx], train_data.labels[idx]
-        positions = skipped_positions(step, cfg.seed, tuple(ids.shape), cfg.skip_fraction)
-        n_targets = int((labels[:, 1:] != -100).sum())
-        # Each micro-batch contributes sum / global count; DDP averages over processes and
-        # accelerate divides by grad_accum, hence the factor world * grad_accum.
-        target_scale = world * cfg.grad_accum / max(n_targets, 1)
-        position_scale = world * cfg.grad_accum / ids.numel()
-        totals = torch.zeros(6)
-        for m in range(cfg.grad_accum):
-            lo = (m * world + rank) * micro
-            with accelerator.accumulate(objective):
-                mask = None if positions is None else positions[lo : lo + micro]
-                terms = objective(ids[lo : lo + micro], labels[lo : lo + micro], k, target_scale, position_scale, mask,
-                                  also)
-                bad = (~torch.isfinite(terms["loss"].detach())).float().reshape(1)
-                if accelerator.reduce(bad, "sum").item() > 0:  # every process stops together
-                    bar.close()
-                    last = latest_checkpoint(run_dir)
-                    raise TrainingDiverged(
-                        f"loss became {terms['loss'].item()} at step {step} (c={c:.3f}, lr={lr:.2e}); the run "
-                        f"stopped. Last good checkpoint: {last or 'none'}. Lower --lr or --lambda-kl and resume."
-                    )
-                accelerator.backward(terms["loss"])
-                if accelerator.sync_gradients:
-                    accelerator.clip_grad_norm_(model.trainable_parameters(), cfg.clip_norm)
-                optimizer.step()
-                optimizer.zero_grad()
-            totals += torch.stack([terms[x].float() for x in ("loss", "ce", "kl", "ent", "sig", "local")])
-        totals = accelerator.reduce(totals, "sum") / (world * cfg.grad_accum)
-        tokens_seen += ids.numel()
-        done = step + 1
-        loss, ce, kl, ent, sig, local = totals.tolist()
-        if done % cfg.log_every == 0 or done == cfg.steps:
-            log({"kind": "train", "step": done, "c": c, "lr": lr, "loss": loss, "ce": ce, "kl": kl,
-                 "entropy": ent, "signal_corr": sig, "skip_block": k,
-                 **({"skip_blocks": dropped} if cfg.skip_max_blocks > 1 else {}),
-                 **({"local": local} if cfg.lambda_local > 0 else {}), "tokens_seen": tokens_seen, "processes": world, "elapsed_s": time.time() - t0})
-        bar.update(1, loss=f"{loss:.3f}", ce=f"{ce:.3f}", kl=f"{kl:.3f}", c=f"{c:.2f}")
-        if done % cfg.eval_every == 0 or done == cfg.steps:
-            run_eval(done)
-        if done % cfg.save_every == 0 or done == cfg.steps:
-            if main:
-                save_checkpoint(run_dir, done, model, optimizer, tokens_seen)
-            accelerator.wait_for_everyone()
-        if on_step_end is not None:
-            on_step_end(done, model)
-    bar.close()
+    totals = torch.zeros(6)
+    for m in range(cfg.grad_accum):
+        lo = (m * world + rank) * micro
+        with acc.accumulate(run.objective):
+            mask = None if positions is None else positions[lo : lo + micro]
+            terms = run.objective(ids[lo : lo + micro], labels[lo : lo + micro], k, target_scale, position_scale,
+                                  mask, also)
+            bad = (~torch.isfinite(terms["loss"].detach())).float().reshape(1)
+            if acc.reduce(bad, "sum").item() > 0:  # every process stops together
+                bar.close()
+                last = latest_checkpoint(run.files.root)
+                raise TrainingDiverged(
+                    f"loss became {terms['loss'].item()} at step {step} (c={c:.3f}, lr={lr:.2e}); the run "
+                    f"stopped. Last good checkpoint: {last or 'none'}. Lower --lr or --lambda-kl and resume."
+                )
+            acc.backward(terms["loss"])
+            if acc.sync_gradients:
+                acc.clip_grad_norm_(run.model.trainable_parameters(), cfg.clip_norm)
+            run.optimizer.step()
+            run.optimizer.zero_grad()
+        totals += torch.stack([terms[x].float() for x in ("loss", "ce", "kl", "ent", "sig", "local")])
+    loss, ce, kl, ent, sig, local = (acc.reduce(totals, "sum") / (world * cfg.grad_accum)).tolist()
+    run.tokens_seen += ids.numel()
+    run.step = step + 1
+    return {"kind": "train", "step": run.step, "c": c, "lr": lr, "loss": loss, "ce": ce, "kl": kl,
+            "entropy": ent, "signal_corr": sig, "skip_block": k,
+            **({"skip_blocks": dropped} if cfg.skip_max_blocks > 1 else {}),
+            **({"local": local} if cfg.lambda_local > 0 else {}), "tokens_seen": run.tokens_seen, "processes": world}
+
+
+def finish(run: TrainingRun, wall_s: float) -> dict:
+    """The final adapter (with its model card's figures) and summary.json; returns the summary."""
+    cfg, model = run.cfg, run.model
     summary = {}
-    if main:
+    if run.main:
         model.set_curriculum(1.0 if cfg.steps else 0.0)
-        summary = summarize(log_path, wall_s=time.time() - t0)
+        summary = summarize(run.files.train_log, wall_s=wall_s)
         # What the adapter's model card tells (`ar_retrofit.model_card`), kept with it in adapter_config.json.
         card = {"model": cfg.model or DEFAULT_BACKBONE, "dtype": cfg.dtype,
                 "training": {"data": list(cfg.data), "data_weights": cfg.data_weights, "steps": cfg.steps,
                              "batch_size": cfg.batch_size, "seq_len": cfg.seq_len, "lr": cfg.lr},
                 "measured": {"ppl_backbone": summary["ppl_backbone"], "ppl_start": summary["ppl_full"]["start"],
                              "ppl_end": summary["ppl_full"]["end"], "kl_end": summary["kl_full"]["end"]}}
-        model.save_adapter(files.adapter, metadata={"steps": cfg.steps, "tokens_seen": tokens_seen, **card})
-        atomic_write_json(files.summary, summary)
+        model.save_adapter(run.files.adapter, metadata={"steps": cfg.steps, "tokens_seen": run.tokens_seen, **card})
+        atomic_write_json(run.files.summary, summary)
     if cfg.report_to:
-        accelerator.end_training()
-    accelerator.wait_for_everyone()
+        run.accelerator.end_training()
+    run.accelerator.wait_for_everyone()
     return summary

@@ -6,7 +6,7 @@ and the drawn block are `schedules`.
 With a skip shortcut (`skip_path: shortcut`), an optional local term `lambda_local` regresses each
 shortcut's output onto its block's real output (`local_regression`).
 
-The fourth term (lambda_signal, 1 by default since issue 14: docs/experiments.md, E10) asks the drawn
+The fourth term (lambda_signal, 1 by default; the lab notebook measures why) asks the drawn
 block k's router to put more weight on h_{k-1} where skipping k costs less: it is the Pearson
 correlation, over the micro-batch's labelled tokens (those of every process: `process_group`),
 between alpha_{k-1 -> k} and the measured per-token cost of the skip branch (its NLL minus the

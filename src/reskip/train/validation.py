@@ -33,8 +33,7 @@ def evaluate(model: ReskipModel, data: Packed, batch_size: int = 4, skip_kl: boo
     head = output_head(model.base_model)
     was_training = model.training
     model.eval()
-    for i in range(0, len(data), batch_size):
-        ids, labels = data.input_ids[i : i + batch_size], data.labels[i : i + batch_size]
+    for i, (ids, labels) in zip(range(0, len(data), batch_size), data.batches(batch_size)):
         if (i, batch_size) not in cache:
             with model.side_channel_disabled():
                 cache[(i, batch_size)] = model(input_ids=ids, use_cache=False, hidden_only=True).last_hidden_state
