@@ -152,3 +152,51 @@ def test_an_adapter_written_before_inclusive_ranges_still_loads(tmp_path):
     (path / CONFIG_NAME).write_text(json.dumps(cfg))
     with pytest.raises(AdapterError, match="format_version"):
         load_adapter(tiny_model("llama"), path)
+
+
+def test_a_save_stopped_between_its_files_leaves_the_previous_adapter_whole(tmp_path, monkeypatch):
+    """The weights, the config and the model card are written into a temporary folder that replaces the adapter
+    folder in one rename: stopped after the weights, the folder is the previous adapter, every file of it."""
+    path, _ = trained_adapter(tmp_path)
+    before = {f: (path / f).read_bytes() for f in os.listdir(path)}
+    import reskip.ar_retrofit.adapter_io as io
+
+    def killed(*a, **k):
+        raise KeyboardInterrupt  # after save_file wrote the new weights into the temporary folder
+
+    monkeypatch.setattr(io, "write_card", killed)
+    rm = retrofit(tiny_model("llama"), RetrofitConfig(block_size=2, rank=8), seed=9)
+    with pytest.raises(KeyboardInterrupt):
+        rm.save_adapter(path)
+    assert {f: (path / f).read_bytes() for f in os.listdir(path)} == before
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # the temporary is gone
+    monkeypatch.undo()
+    rm.save_adapter(path)  # and the next save replaces it whole
+    assert (path / WEIGHTS_NAME).read_bytes() != before[WEIGHTS_NAME]
+    assert sorted(os.listdir(tmp_path)) == ["adapter"]
+
+
+def test_a_leftover_temporary_is_removed_by_the_next_save(tmp_path):
+    path, _ = trained_adapter(tmp_path)
+    (tmp_path / ".adapter.x1.tmp").mkdir()
+    (tmp_path / ".adapter.x2.old").mkdir()
+    retrofit(tiny_model("llama"), RetrofitConfig(block_size=2, rank=8)).save_adapter(path)
+    assert sorted(os.listdir(tmp_path)) == ["adapter"]
+
+
+def test_weights_that_are_not_finite_are_refused_at_load_and_at_save(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    path, _ = trained_adapter(tmp_path)
+    state = load_file(path / WEIGHTS_NAME)
+    name = sorted(state)[0]
+    state[name] = torch.full_like(state[name], float("nan"))
+    save_file(state, str(path / WEIGHTS_NAME))
+    with pytest.raises(AdapterError, match="not finite"):
+        load_adapter(tiny_model("llama"), path)
+    rm = retrofit(tiny_model("llama"), RetrofitConfig(block_size=2, rank=8))
+    with torch.no_grad():
+        next(iter(rm.side_channel.parameters())).fill_(float("inf"))
+    with pytest.raises(AdapterError, match="not finite"):
+        rm.save_adapter(tmp_path / "other")
+    assert not (tmp_path / "other").exists()

@@ -3,6 +3,8 @@ and no half-written folder left behind. New commands join the table."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import transformers
 
@@ -52,6 +54,34 @@ BAD = [
     (["calibrate", "--adapter", MISSING, "--quantile", "2"], "--quantile"),
     (["calibrate", "--adapter", MISSING, "--window", "0"], "--window"),
     (["calibrate", "--adapter", MISSING, "--delta", "abc"], "invalid float"),
+    (["calibrate", "--adapter", MISSING, "--delta", "inf"], "finite"),
+    (["calibrate", "--adapter", "{run}", "--seq-len", "100000"], "exceeds the model's limit"),
+    (["calibrate", "--adapter", "{run}", "--out", "{run}"], "is a folder"),
+    (["eval", "--adapter", "{run}", "--methods", "backbone", "retrofit", "--benchmarks", "none", "--seq-len", "100000"], "exceeds the model's limit"),
+    (["generate", "hi", "--adapter", MISSING, "--policy", "static:inf"], "finite"),
+    (["generate", "hi", "--adapter", MISSING, "--policy", "influence:1e400"], "finite"),
+    (["generate", "hi", "--adapter", MISSING, "--sample", "--temperature", "0"], "must be > 0"),
+    (["generate", "hi", "--adapter", MISSING, "--sample", "--temperature", "nan"], "--temperature"),
+    (["generate", "hi", "--adapter", MISSING, "--sample", "--top-p", "2"], "--top-p"),
+    (["generate", "caf\udce9", "--adapter", MISSING], "not valid UTF-8"),
+    (["params", "--backbone", "Qwen3-4B", "--rank", "1000000000"], "exceeds the model's hidden size"),
+    (["train", "--config", "{files}/latin1.yaml", "--out", "{tmp}/t"], "is not UTF-8 text"),
+    (["train", "--out", "{files}/latin1.json"], "is a file"),
+    (["run", "--out", "{files}/latin1.json"], "is a file"),
+    (["run-parity", "--out", "{files}/latin1.json"], "is a file"),
+    (["eval", "--adapter", "{run}", "--out", "{files}/latin1.json"], "is a file"),
+    (["report", "{run}", "--out", "{files}/latin1.json"], "is a file"),
+    (["experiment", "placement", "--out", "{files}/latin1.json"], "is a file"),
+    (["diagnose", "{run}", "--out", "{files}"], "is a folder"),
+    (["train", "--model", "{model}", "--data", "{files}/latin1.jsonl", "--seq-len", "16", "--block-size", "2",
+      "--out", "{tmp}/t"], "is not UTF-8 text"),
+    (["generate", "hi", "--adapter", "{run}", "--policy", "{files}/latin1.json"], "is not UTF-8 text"),
+    (["generate", "hi", "--adapter", "{files}/cut-policy"], "is not valid JSON"),
+    (["report", "{files}/cut-policy", "--out", "{tmp}/r"], "is not valid JSON"),
+    (["generate", "hi", "--adapter", "{files}/string-tau"], "tau of block"),
+    (["calibrate", "--adapter", "{files}/bad-config"], "is not valid YAML at line"),
+    (["train", "--resume", "{files}/bad-config"], "is not valid YAML at line"),
+    (["train", "--rank", "100000", "--seq-len", "16", "--block-size", "2", "--model", "{model}", "--out", "{tmp}/t"], "exceeds the model's hidden size"),
     (["generate", "hi", "--adapter", MISSING], "neither a run folder"),
     (["generate", "hi", "--adapter", MISSING, "--policy", "sometimes"], "unknown policy"),
     (["generate", "hi", "--adapter", MISSING, "--policy", "reskip:2"], "quantile"),
@@ -90,9 +120,46 @@ def no_weights(monkeypatch):
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_config", refuse)
 
 
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    """A tiny trained run (outside tmp_path: the refused commands must leave tmp_path empty)."""
+    from helpers import tiny_trained_run
+
+    return tiny_trained_run(tmp_path_factory.mktemp("trained"))
+
+
+@pytest.fixture(scope="module")
+def bad_files(tmp_path_factory, trained_run):
+    """Files a user or a stopped process leaves: Latin-1 text where UTF-8 is read, a policy file cut short, a
+    threshold written as a string, a run's config.yaml that is not YAML."""
+    import json
+    import shutil
+
+    d = tmp_path_factory.mktemp("bad")
+    (d / "latin1.yaml").write_bytes("lr: 1e-3\nname: caf\u00e9\n".encode("latin-1"))
+    (d / "latin1.jsonl").write_bytes('{"text": "caf\u00e9 w5 w6"}\n'.encode("latin-1"))
+    (d / "latin1.json").write_bytes('{"a": "caf\u00e9"}'.encode("latin-1"))
+    assert main(["calibrate", "--adapter", str(trained_run), "--sequences", "4", "--delta", "100", "--budgets", "none",
+                 "--out", str(d / "policy.json")]) == 0
+    policy = (d / "policy.json").read_text()
+    for name in ("cut-policy", "string-tau", "bad-config"):
+        shutil.copytree(trained_run, d / name)
+        (d / name / "policy.json").write_text(policy)
+    (d / "cut-policy" / "policy.json").write_text(policy[:120])
+    data = json.loads(policy)
+    data["blocks"][2]["tau"] = "high"
+    (d / "string-tau" / "policy.json").write_text(json.dumps(data))
+    (d / "bad-config" / "config.yaml").write_text("lr: [1,\n")
+    return d
+
+
 @pytest.mark.parametrize("argv,word", BAD, ids=[" ".join(a) or "(nothing)" for a, _ in BAD])
-def test_bad_invocation_is_one_line_and_exit_2(argv, word, tmp_path, capsys, tiny_model_dir, no_weights):
-    argv = [a.replace("{tmp}", str(tmp_path)).replace("{model}", str(tiny_model_dir)) for a in argv]
+def test_bad_invocation_is_one_line_and_exit_2(argv, word, tmp_path, capsys, tiny_model_dir, trained_run, bad_files,
+                                               no_weights):
+    where = {"{tmp}": tmp_path, "{model}": tiny_model_dir, "{run}": trained_run, "{files}": bad_files}
+    for key, value in where.items():
+        argv = [a.replace(key, str(value)) for a in argv]
+    capsys.readouterr()  # the fixtures' own output
     try:
         code = main(argv)
     except SystemExit as e:  # argparse's own refusals exit from inside parse_args
@@ -118,3 +185,39 @@ def test_benchmarks_none_means_no_multiple_choice():
     for tail in (["--benchmarks", "none"], ["--benchmarks"]):
         assert eval_options(parser.parse_args(["eval", "--adapter", "x", *tail])).benchmarks == []
     assert eval_options(parser.parse_args(["eval", "--adapter", "x"])).benchmarks == ["mmlu"]
+
+
+def _one_line_exit_2(argv, capsys, word):
+    code = main([str(a) for a in argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and word in err[0] and "Traceback" not in err[0], err
+    return err[0]
+
+
+def _snapshot(folder):
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.integration
+def test_a_run_folder_has_an_identity(tmp_path, capsys):
+    """Training over another run is refused unless --overwrite; a resume that contradicts the run is refused;
+    a retrained run is calibrated again (its old policy replaced)."""
+    from helpers import tiny_trained_run
+
+    run = tiny_trained_run(tmp_path, calibrate=[])
+    capsys.readouterr()  # the set-up's own output
+    model, corpus = tmp_path / "model", tmp_path / "corpus"
+    before = _snapshot(run)
+    args = ["train", "--model", model, "--data", corpus, "--seq-len", "16", "--steps", "2", "--batch-size", "2",
+            "--eval-every", "2", "--save-every", "2", "--eval-sequences", "2", "--block-size", "2", "--rank", "8",
+            "--quiet"]
+    _one_line_exit_2([*args, "--out", run], capsys, "already holds a training run")
+    _one_line_exit_2(["train", "--resume", run, "--seed", "7", "--steps", "3"], capsys, "keeps the run's own settings")
+    assert _snapshot(run) == before  # nothing touched
+    assert main([str(a) for a in [*args, "--seed", "7", "--out", run, "--overwrite"]]) == 0
+    weights = Path("adapter/adapter_model.safetensors")
+    assert _snapshot(run)[weights] != before[weights]
+    capsys.readouterr()
+    assert main(["calibrate", "--adapter", str(run), "--sequences", "4", "--delta", "100", "--budgets", "none"]) == 0
+    assert "replacing" in capsys.readouterr().out
+    assert main(["generate", "--adapter", str(run), "w5 w6", "--max-new-tokens", "2"]) == 0

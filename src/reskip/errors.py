@@ -23,9 +23,10 @@ class RetrofitConfigError(ReskipError, ValueError):
 
 def check_range(flag: str, value, lo, hi=None) -> None:
     """Refuse an option outside [lo, hi] (or below lo when hi is None), or NaN, with one line naming
-    the flag (`flag` without its dashes, e.g. "max-skips"). None means "not given" and passes."""
+    the flag (`flag` without its dashes, e.g. "max-skips"). None means "not given" and passes; NaN and
+    infinities never do (every option is a finite number)."""
     if value is None:
         return
-    if value != value or value < lo or (hi is not None and value > hi):  # value != value: NaN
-        span = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
+    if value != value or value in (float("inf"), float("-inf")) or value < lo or (hi is not None and value > hi):
+        span = f"[{lo}, {hi}]" if hi is not None else f"a finite number >= {lo}"
         raise ReskipError(f"--{flag} must be {span}, got {value}")

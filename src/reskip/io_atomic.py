@@ -1,9 +1,11 @@
-"""Atomic file writes: a temp file in the same folder, then a rename. Never a half-written file."""
+"""Atomic writes: a temp file (or folder) beside the target, then a rename. Never a half-written file, and a
+folder written as a unit appears whole or not at all."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Callable
@@ -29,3 +31,31 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 def atomic_write_json(path: Path, obj) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2))
+
+
+def atomic_folder(path: Path, write: Callable[[Path], None]) -> Path:
+    """Call write(tmp_folder), then put tmp_folder in place of folder `path` (an existing one is replaced).
+
+    A kill while writing leaves `path` as it was (its temporary is removed on the next call); a kill between
+    the two renames leaves no `path` (readers refuse it with one line) and the previous folder beside it as
+    `.NAME.*.old`, also removed on the next call."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in path.parent.glob(f".{path.name}.*.tmp"):
+        shutil.rmtree(stale, ignore_errors=True)
+    for stale in path.parent.glob(f".{path.name}.*.old"):
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    try:
+        write(tmp)
+        old = None
+        if path.exists():
+            old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".old"))
+            os.replace(path, old / path.name)
+        os.replace(tmp, path)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return path

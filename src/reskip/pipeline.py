@@ -9,23 +9,22 @@ preset; explicit training values override them.
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .backbones.dtypes import describe, resolve_dtype_name
 from .backbones.parity_stage import parity_stage
+from .reading import read_json
+from .memory import peak_rss_gib
+from .report.diagnose import diagnose
+from .report.html import build_report
+from .report.options import DiagnoseOptions
 from .errors import ReskipError, check_range
 from .evaluate.options import EvalOptions
 from .evaluate.stage import evaluate_run, margin_violations
 from .evaluate.tables import markdown
 from .io_atomic import atomic_write_json
-from .memory import peak_rss_gib
-from .report.diagnose import diagnose
-from .report.html import build_report
-from .report.options import DiagnoseOptions
-from .runs import RunFolder
 from .skip.options import CalibrateOptions
 from .skip.spec import METHOD_KINDS, parse_specs
 from .skip.stage import calibrate_run, format_policy
@@ -33,6 +32,7 @@ from .train.checkpoint import latest_checkpoint
 from .train.config import TrainConfig
 from .train.log import format_summary
 from .train.loop import check_against_backbone, train
+from .runs import RunFolder
 
 HELDOUT = ("kjv",)  # `reskip.data.heldout`: a source no stage trains or calibrates on
 MC_METHODS = ("backbone", "retrofit", "reskip:budget=1")
@@ -107,7 +107,7 @@ class PipelineConfig:
 
 
 def _state(run: RunFolder) -> dict:
-    return json.loads(run.pipeline.read_text()) if run.pipeline.is_file() else {"finished": [], "timings": {}}
+    return read_json(run.pipeline) if run.pipeline.is_file() else {"finished": [], "timings": {}}
 
 
 def _config_of(state: dict) -> PipelineConfig:
@@ -168,7 +168,9 @@ def _parity(run: RunFolder, config: PipelineConfig) -> None:
 
 
 def _train(run: RunFolder, config: PipelineConfig) -> None:
-    summary = train(config.train_config(), run.root, resume=latest_checkpoint(run.root) is not None)
+    # the pipeline owns its folder (pipeline.json says which run it is): training files of a stopped first
+    # attempt without a checkpoint are its own, replaced
+    summary = train(config.train_config(), run.root, resume=latest_checkpoint(run.root) is not None, overwrite=True)
     if summary:
         print(format_summary(summary))
 

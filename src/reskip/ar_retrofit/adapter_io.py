@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..errors import AdapterError
-from ..io_atomic import atomic_write, atomic_write_text
+from ..io_atomic import atomic_folder
 from ..version import __version__
 from .blocks import inclusive_ranges
 from .config import ADAPTER_CONFIG_NAME as CONFIG_NAME
@@ -78,7 +78,6 @@ def fingerprint(base_model: nn.Module) -> dict:
 def save_adapter(model, path, metadata: dict | None = None) -> Path:
     """Write the side-channel of `model` (a ReskipModel) and its config into folder `path` (created if needed)."""
     path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().to("cpu").contiguous() for k, v in model.side_channel.state_dict().items()}
     config = {
         "format_version": FORMAT_VERSION,
@@ -91,10 +90,17 @@ def save_adapter(model, path, metadata: dict | None = None) -> Path:
         "backbone": fingerprint(model.base_model),
         "metadata": metadata or {},
     }
-    atomic_write(path / WEIGHTS_NAME, lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
-    atomic_write_text(path / CONFIG_NAME, json.dumps(config, indent=2))
-    write_card(path, config, sum(v.numel() for v in state.values()))
-    return path
+    bad = sorted(k for k, v in state.items() if not torch.isfinite(v).all())
+    if bad:
+        raise AdapterError(f"not saving an adapter whose weights are not finite ({', '.join(bad[:3])}); the run "
+                           "diverged: resume from an earlier checkpoint with a lower --lr")
+
+    def write(folder: Path) -> None:  # the weights, the config and the card appear together or not at all
+        save_file(state, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
+        (folder / CONFIG_NAME).write_text(json.dumps(config, indent=2))
+        write_card(folder, config, sum(v.numel() for v in state.values()))
+
+    return atomic_folder(path, write)
 
 
 def read_adapter_config(path) -> dict:
@@ -137,6 +143,11 @@ def read_adapter_weights(path) -> dict[str, torch.Tensor]:
     """The side-channel tensors of adapter folder `path` (safetensors: nothing is unpickled)."""
     path = Path(path)
     try:
-        return load_file(path / WEIGHTS_NAME)
+        state = load_file(path / WEIGHTS_NAME)
     except (SafetensorError, OSError, ValueError) as e:
         raise AdapterError(f"{path / WEIGHTS_NAME} is truncated or corrupt ({e}); re-save the adapter") from e
+    bad = sorted(k for k, v in state.items() if v.is_floating_point() and not torch.isfinite(v).all())
+    if bad:
+        raise AdapterError(f"{path / WEIGHTS_NAME} holds weights that are not finite ({', '.join(bad[:3])}): the run "
+                           "that wrote it diverged; retrain or resume from an earlier checkpoint")
+    return state

@@ -23,6 +23,15 @@ SKIP_PATHS = ("identity", "shortcut")
 VARIANTS = ("recipe", "observer", "interpolate", "gamma_free")
 
 
+def check_rank(config: "RetrofitConfig", hidden_size: int) -> None:
+    """The correction and the shortcut are bottlenecks: a rank above the hidden size d adds parameters and
+    nothing a rank-d map could not do."""
+    for name, rank in (("rank", config.rank), ("shortcut_rank", config.shortcut_rank)):
+        if rank is not None and rank > hidden_size:
+            raise RetrofitConfigError(f"{name} {rank} exceeds the model's hidden size {hidden_size}: a low-rank "
+                                      f"map has rank at most {hidden_size}")
+
+
 def default_rank(hidden_size: int) -> int:
     """Adapter rank when none is given: the source design's 256 from d >= 1024, 64 below.
 

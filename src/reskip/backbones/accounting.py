@@ -18,7 +18,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from .. import compat
 from ..errors import ModelNotFoundError
 from ..ar_retrofit.blocks import inclusive_ranges, retrofit_blocks
-from ..ar_retrofit.config import RetrofitConfig
+from ..ar_retrofit.config import RetrofitConfig, check_rank
 from ..ar_retrofit.side_channel import SideChannel
 
 ARCHS = "reskip.backbones"  # the package whose archs/ folder holds the shipped configs
@@ -102,6 +102,7 @@ class ParamReport:
 
 def count_params(config, retrofit_config: RetrofitConfig, name: str = "") -> ParamReport:
     """Backbone parameters on the meta device, side-channel parameters by building it."""
+    check_rank(retrofit_config, config.hidden_size)
     blocks = retrofit_blocks(config.num_hidden_layers, retrofit_config.block_size, retrofit_config.boundaries)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)

@@ -4,12 +4,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from ..errors import ReskipError
-from ..report.options import DiagnoseOptions
 from .common import dtype_flag
+from ..reading import read_json
+from ..report.options import DiagnoseOptions
+from ..errors import ReskipError
 
 
 def cmd_diagnose(args) -> int:
@@ -19,7 +19,7 @@ def cmd_diagnose(args) -> int:
                                               sample_tokens=args.sample_tokens, signal_sequences=args.signal_sequences,
                                               probe_sequences=args.probe_sequences,
                                               model=args.model, dtype=args.dtype, out=args.out))
-    d = json.loads(path.read_text())
+    d = read_json(path)
     print("routing health:")
     for r in d["routing_health"]:
         ratio = "-" if r["entropy_ratio"] is None else f"{r['entropy_ratio']:.2f}"

@@ -4,13 +4,13 @@ library function. The import of the pipeline happens inside the handler (`lazy:`
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
-from ..runs import RunFolder
-from ..train.log import format_summary
 from .common import PRESETS, dtype_flag, budget_flags, budget_values, retrofit_flags, retrofit_values
+from ..reading import read_json
+from ..train.log import format_summary
+from ..runs import RunFolder
 
 
 def run_overrides(args) -> dict:
@@ -37,7 +37,7 @@ def cmd_run(args) -> int:
               + ", ".join(f"{k} {v:.2f}" for k, v in state["peak_rss_gib"].items()))
     run = RunFolder(out)
     if run.summary.is_file():
-        print(format_summary(json.loads(run.summary.read_text())))
+        print(format_summary(read_json(run.summary)))
     if run.results_md.is_file():
         print(run.results_md.read_text())
     print(f"report: {run.report_dir / 'report.html'}")

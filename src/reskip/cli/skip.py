@@ -37,6 +37,14 @@ def parse_budgets(text: str) -> tuple[float, ...]:
 def cmd_generate(args) -> int:
     check_range("window", args.window, 1)
     check_range("max-new-tokens", args.max_new_tokens, 1)
+    check_range("top-p", args.top_p, 0.0, 1.0)
+    check_range("temperature", args.temperature, 0.0)
+    if args.top_p == 0 or args.temperature == 0:
+        raise ReskipError("--temperature and --top-p must be > 0 (for greedy decoding leave out --sample)")
+    try:
+        args.prompt.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ReskipError("the prompt is not valid UTF-8 text (it holds undecodable bytes); pass it as UTF-8") from None
     spec = parse_spec(args.policy, allow_path=True)
     from ..skip.scoring import generate_text  # lazy: torch
     from ..skip.inference_run import open_run  # lazy: torch

@@ -45,7 +45,7 @@ def train_config(args) -> TrainConfig:
         source = Path(args.config)
         if not source.is_file():
             raise ReskipError(f"config file {args.config} does not exist")
-    cfg = TrainConfig.from_yaml(source.read_text() if source else "", overrides)
+    cfg = TrainConfig.from_file(source, overrides) if source else TrainConfig.from_yaml("", overrides)
     cfg.retrofit = {**cfg.retrofit, **retrofit}
     return cfg
 
@@ -56,7 +56,7 @@ def cmd_train(args) -> int:
     cfg = train_config(args)
     cfg.validate()
     out = Path(args.resume or args.out or f"runs/train-{time.strftime('%Y%m%d-%H%M%S')}")
-    summary = train(cfg, out, resume=bool(args.resume), show_progress=not args.quiet)
+    summary = train(cfg, out, resume=bool(args.resume), show_progress=not args.quiet, overwrite=args.overwrite)
     if summary:
         print(format_summary(summary))
         print(f"adapter: {RunFolder(out).adapter}   log: {RunFolder(out).train_log}")
@@ -67,7 +67,10 @@ def register(sub) -> None:
     p = sub.add_parser("train", help="train the side-channel (three-term loss) on a frozen backbone")
     p.add_argument("--config", help="YAML file with training keys (flags override it)")
     p.add_argument("--out", help="run folder (default runs/train-<timestamp>)")
-    p.add_argument("--resume", metavar="RUN", help="continue RUN exactly from its last checkpoint")
+    p.add_argument("--resume", metavar="RUN", help="continue RUN exactly from its last checkpoint (its own settings: "
+                                                   "flags that contradict them are refused)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="train into --out even if it holds another run (its checkpoints, adapter and log are removed)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--model", default=None, help="backbone; default: bundled SmolLM2-135M-Instruct")
     p.add_argument("--data", nargs="+", help="'default' (bundled mix), .txt/.jsonl files, folders, or HF dataset ids")

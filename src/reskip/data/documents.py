@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ReskipError
+from ..reading import read_text
 
 SPLITS = ("train", "val", "calib", "test")
 # Fractions of documents per split (hash buckets): most for training, the rest equal.
@@ -78,7 +79,7 @@ def read_user_file(path: Path) -> list[Document]:
     if path.suffix != ".jsonl":
         return text_documents(path.name, path.read_text(encoding="utf-8", errors="replace"), source)
     docs = []
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
+    for i, line in enumerate(read_text(path).splitlines()):
         if not line.strip():
             continue
         try:

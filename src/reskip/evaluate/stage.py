@@ -25,7 +25,7 @@ from ..data.sources import load_splits
 from ..backbones.dtypes import describe, resolve_dtype_name
 from ..errors import ReskipError, check_range
 from ..io_atomic import atomic_write_json, atomic_write_text
-from ..skip.inference_run import open_run, resolve_adapter
+from ..skip.inference_run import check_positions, open_run, resolve_adapter
 from ..skip.spec import METHOD_KINDS, parse_specs
 from .methods import evaluate_methods, parse_methods
 from .multiple_choice import load_benchmark, mc_accuracy
@@ -63,6 +63,7 @@ def evaluate_run(run, options: EvalOptions = EvalOptions()) -> tuple[dict, Path]
         heldout_splits, heldout_record = load_splits(list(options.heldout))
         if not heldout_splits["test"]:
             raise ReskipError(f"the test split of the held-out data {options.heldout} is empty")
+    check_positions(source, options.seq_len or source.seq_len, options.model, options.trust_remote_code)
     opened = open_run(run, model=options.model, dtype=options.dtype, window=options.window,
                       seed=options.seed, trust_remote_code=options.trust_remote_code)
     model, tok, window = opened.model, opened.tokenizer, opened.window

@@ -84,7 +84,8 @@ def run_arm(arm: Arm, base: TrainConfig, folder: Path, measure: Measure, show=pr
         atomic_write_json(done, result)
         return result
     show(f"[{arm.name}] training {cfg.steps} steps x {cfg.batch_size} x {cfg.seq_len} tokens")
-    train(cfg, folder, resume=latest_checkpoint(folder) is not None, show_progress=False)
+    # the experiment owns the arm folder: a first attempt stopped before its first checkpoint is replaced
+    train(cfg, folder, resume=latest_checkpoint(folder) is not None, show_progress=False, overwrite=True)
     t_train = time.perf_counter() - t0
     show(f"[{arm.name}] calibrating on {measure.calib_sequences} sequences")
     policy, _ = calibrate_run(folder, CalibrateOptions(sequences=measure.calib_sequences, budgets=measure.budgets,
@@ -135,7 +136,7 @@ def finished_twin(folder: Path, cfg: TrainConfig, measure: Measure) -> Path | No
         stored = RunFolder(other.parent).config
         if not stored.is_file() or json.loads(other.read_text()).get("measure") != _as_stored(measure):
             continue
-        if TrainConfig.from_yaml(stored.read_text()).to_dict() == mine:
+        if TrainConfig.from_file(stored).to_dict() == mine:
             return other
     return None
 

@@ -19,19 +19,19 @@ results hold every finished arm found there, whichever backbone, read from the r
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import numpy as np
 
 from ..backbones.loading import DEFAULT_BACKBONE
+from ..reading import read_json
+from .record import claim
 from ..errors import ReskipError
 from ..pipeline import PipelineConfig, run_pipeline
-from ..runs import RunFolder
-from ..skip.position_choice import bootstrap_difference
 from .options import ExperimentOptions
-from .record import claim
+from ..skip.position_choice import bootstrap_difference
+from ..runs import RunFolder
 
 SCALE_PRESETS = ("standard", "long", "large")
 BUDGETS = (1.0, 1.5, 2.0, 3.0)  # blocks skipped per step, on average
@@ -67,7 +67,7 @@ def results(folder: Path) -> dict | None:
     """Every finished arm under `folder`/arms, measured from its files; None when there is none."""
     arms = {}
     for path in sorted((Path(folder) / "arms").glob("*/pipeline.json")):
-        state = json.loads(path.read_text())
+        state = read_json(path)
         if "report" in state.get("finished", []):
             arms[path.parent.name] = measure_arm(path.parent)
     if not arms:
@@ -81,7 +81,7 @@ def results(folder: Path) -> dict | None:
 
 
 def _read(path: Path) -> dict:
-    return json.loads(path.read_text())
+    return read_json(path)
 
 
 def measure_arm(root: Path) -> dict:
@@ -105,14 +105,16 @@ def measure_arm(root: Path) -> dict:
         "best_middle_block": {"block": best["block"], "A": best["A"]},
         "A": {str(b["block"]): b["A"] for b in middle},
         "frontier": {"test": frontier(ev["methods"]),
-                     "kjv": frontier(ev["heldout"]["methods"]) if ev.get("heldout") else None},
+                     "kjv": frontier(ev["heldout"]["methods"], ev["methods"]) if ev.get("heldout") else None},
         "headroom": headroom(st) if st else None,
     }
 
 
-def frontier(methods: dict) -> list[dict]:
+def frontier(methods: dict, matched_on: dict | None = None) -> list[dict]:
     """ReSkip's budgets in BUDGETS against static, influence and random at its measured skips (the eval's
-    matched baselines): perplexity / backbone of each, and ReSkip - static with its bootstrap interval."""
+    matched baselines): perplexity / backbone of each, and ReSkip - static with its bootstrap interval.
+    matched_on: the methods whose measured skips the baselines were matched to (the held-out source's are
+    matched to the test split's: the policy skips more or fewer blocks there, and that drift is its own cost)."""
     back = methods["backbone"]["per_sequence"]
     full, targets = np.array(back["nll"], dtype=float), np.array(back["targets"], dtype=float)
     rows = []
@@ -122,7 +124,8 @@ def frontier(methods: dict) -> list[dict]:
             continue
         r = methods[name]
         row = {"budget": b, "mean_skipped": r["mean_skipped"], "reskip": r["ppl_ratio"]}
-        k = round(r["mean_skipped"], 2)
+        k = round((matched_on or methods)[name]["mean_skipped"], 2)
+        row["baselines_at"] = k
         for kind in BASELINES:
             m = _matched(methods, kind, k)
             row[kind] = None if m is None else methods[m]["ppl_ratio"]
@@ -188,15 +191,16 @@ def tables(arms: dict) -> dict:
     head += [f"| {n} | {a['tokens']:,} | {a['train_wall_s'] / 60:.1f} | {a['val_ppl'] / a['val_ppl_backbone']:.4f} "
              f"| {a['test_ppl_ratio']:.4f} | {_f(a['kjv_ppl_ratio'])} | {a['best_middle_block']['A']:.3f} "
              f"(block {a['best_middle_block']['block']}) |" for n, a in arms.items()]
-    front = ["| arm | split | blocks / step | ReSkip | static | influence | random | ReSkip - static [95% CI] |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    front = ["| arm | split | budget | ReSkip's blocks / step | ReSkip | baselines' blocks / step | static | influence "
+             "| random | ReSkip - static [95% CI] |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for n, a in arms.items():
         for split in ("test", "kjv"):
             for r in a["frontier"].get(split) or []:
                 d = r.get("reskip_minus_static")
                 ci = "-" if d is None else f"{d['mean']:+.4f} [{d['lo']:+.4f}, {d['hi']:+.4f}]"
-                front.append(f"| {n} | {split} | {r['mean_skipped']:.2f} | {r['reskip']:.4f} | {_f(r['static'])} "
-                             f"| {_f(r['influence'])} | {_f(r['random'])} | {ci} |")
+                front.append(f"| {n} | {split} | {r['budget']:g} | {r['mean_skipped']:.2f} | {r['reskip']:.4f} "
+                             f"| {r['baselines_at']:g} | {_f(r['static'])} | {_f(r['influence'])} | {_f(r['random'])} "
+                             f"| {ci} |")
     room = ["| arm | block | A(n) | oracle headroom (ppl / full) | captured by alpha | by the probe | by position |",
             "| --- | --- | --- | --- | --- | --- | --- |"]
     for n, a in arms.items():

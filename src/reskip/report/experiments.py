@@ -5,9 +5,9 @@ validation perplexity curve (placement: its placements and probe)."""
 from __future__ import annotations
 
 import html
-import json
 from pathlib import Path
 
+from ..reading import read_json
 from .figures import fig_experiment_curves, fig_scale
 from .tables import html_table, markdown_table
 
@@ -16,7 +16,7 @@ def experiment_sections(folder: Path) -> list[tuple]:
     """(figure title, png or None, caption, html body) per experiment found under `folder`, by name."""
     out = []
     for path in sorted(Path(folder).glob("*/results.json")):
-        r = json.loads(path.read_text())
+        r = read_json(path)
         title = f"Experiment: {r['experiment']} (preset {r['preset']})"
         body = (f"<h2>{html.escape(title)}</h2>"
                 + html_table(r["claims"], ["claim", "measured", "verdict"]))

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 from pathlib import Path
 
 from ..io_atomic import atomic_write, atomic_write_text
+from ..reading import read_json
 from ..runs import RunFolder
 from ..train.log import read_log
 from .experiments import experiment_sections
@@ -24,7 +24,7 @@ from .figures import (fig_dilution, fig_frontier, fig_importance, fig_memory, fi
 
 
 def _load(path: Path):
-    return json.loads(path.read_text()) if path.is_file() else None
+    return read_json(path) if path.is_file() else None
 
 
 # ---- page ---------------------------------------------------------------------------------------

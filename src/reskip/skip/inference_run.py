@@ -17,8 +17,8 @@ from typing import Sequence
 import torch
 
 from ..backbones.dtypes import resolve_dtype_name
-from ..backbones.loading import load_backbone
-from ..errors import AdapterError
+from ..backbones.loading import load_backbone, load_config
+from ..errors import AdapterError, ReskipError
 from ..ar_retrofit.config import ADAPTER_CONFIG_NAME
 from ..ar_retrofit.model import ReskipModel, load_adapter
 from ..runs import RunFolder
@@ -75,11 +75,19 @@ def resolve_adapter(path) -> AdapterSource:
     path = Path(path)
     run = RunFolder(path)
     if (run.adapter / ADAPTER_CONFIG_NAME).is_file():
-        cfg = TrainConfig.from_yaml(run.config.read_text()) if run.config.is_file() else None
+        cfg = TrainConfig.from_file(run.config) if run.config.is_file() else None
         return AdapterSource(run.adapter, path, cfg)
     if (path / ADAPTER_CONFIG_NAME).is_file():
         return AdapterSource(path, None, None)
     raise AdapterError(f"{path} is neither a run folder (with adapter/) nor an adapter folder (with {ADAPTER_CONFIG_NAME})")
+
+
+def check_positions(source: AdapterSource, seq_len: int, model: str | None = None,
+                    trust_remote_code: bool = False) -> None:
+    """Refuse sequences longer than the backbone's positions, from its config alone (before any weights load)."""
+    limit = getattr(load_config(model or source.model_name, trust_remote_code), "max_position_embeddings", None)
+    if limit is not None and seq_len > limit:
+        raise ReskipError(f"--seq-len {seq_len} exceeds the model's limit of {limit} positions")
 
 
 def load_retrofitted(source: AdapterSource, model: str | None = None, dtype: str | torch.dtype = "auto",
@@ -107,15 +115,16 @@ class InferenceRun:
 
 def open_run(path, specs: Sequence[Spec] = (), *, model: str | None = None, dtype: str | torch.dtype = "auto",
              window: int | None = None, seed: int = 0, trust_remote_code: bool = False,
-             dense_fallback: bool = False, require_policy: bool = False) -> InferenceRun:
+             dense_fallback: bool = False, require_policy: bool = False, use_policy: bool = True) -> InferenceRun:
     """Open `path` for inference under `specs` (policies; methods such as `backbone` pass through).
 
     dense_fallback: without a policy file, specs that need one become `none` (with a note on
     stderr) instead of an error. require_policy: a missing policy file is an error. A spec given as
-    a policy-file path reads that file instead of the run's policy.json."""
+    a policy-file path reads that file instead of the run's policy.json. use_policy=False: the run's policy file
+    is neither read nor checked (calibration, which writes a new one)."""
     source = resolve_adapter(path)
     explicit = next((Path(s.path) for s in specs if s.path), None)
-    policy_file = PolicyFile.load(explicit) if explicit else source.policy()
+    policy_file = PolicyFile.load(explicit) if explicit else (source.policy() if use_policy else None)
     if require_policy and policy_file is None:
         policy_file = PolicyFile.load(source.policy_path)  # the error says how to make one
     if dense_fallback:

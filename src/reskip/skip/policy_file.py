@@ -10,14 +10,15 @@ token count, and the fingerprints of the backbone and the adapter.
 from __future__ import annotations
 
 import hashlib
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from ..errors import ReskipError
 from ..io_atomic import atomic_write_json
+from ..reading import read_json
 from ..ar_retrofit.adapter_io import fingerprint
 from ..ar_retrofit.model import ReskipModel
 from .policies import NoSkip, RandomSkip, ReSkip, SkipPolicy, StaticSkip
@@ -34,6 +35,15 @@ def side_channel_digest(model: ReskipModel) -> str:
     return digest.hexdigest()[:16]
 
 
+def _number(x) -> bool:
+    """A finite JSON number (not a boolean)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x and abs(x) != float("inf")
+
+
+def _integer(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
 @dataclass
 class PolicyFile:
     data: dict
@@ -46,9 +56,11 @@ class PolicyFile:
         if not path.is_file():
             raise PolicyError(f"policy file {path} does not exist; write one with `reskip calibrate`")
         try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise PolicyError(f"{path} is not valid JSON ({e})") from e
+            data = read_json(path)
+        except ReskipError as e:
+            raise PolicyError(str(e)) from None
+        if not isinstance(data, dict):
+            raise PolicyError(f"{path} is not a policy file (a JSON object written by `reskip calibrate`)")
         policy = cls(data, path)
         policy.validate()
         return policy
@@ -63,31 +75,41 @@ class PolicyFile:
         for key in ("format_version", "backbone", "adapter", "delta", "quantile", "window", "max_skips", "blocks"):
             need(key in d, f"missing field {key!r}")
         need(d["format_version"] == FORMAT_VERSION, f"format_version must be {FORMAT_VERSION}")
-        need(isinstance(d["window"], int) and d["window"] >= 1, f"window must be an integer >= 1, got {d['window']!r}")
-        need(isinstance(d["max_skips"], int) and d["max_skips"] >= 0, f"max_skips must be >= 0, got {d['max_skips']!r}")
-        need(0.0 <= d["quantile"] <= 1.0, f"quantile must lie in [0, 1], got {d['quantile']!r}")
-        need(d["delta"] >= 0, f"delta must be >= 0, got {d['delta']!r}")
+        need(_integer(d["window"]) and d["window"] >= 1, f"window must be an integer >= 1, got {d['window']!r}")
+        need(_integer(d["max_skips"]) and d["max_skips"] >= 0, f"max_skips must be >= 0, got {d['max_skips']!r}")
+        need(_number(d["quantile"]) and 0.0 <= d["quantile"] <= 1.0, f"quantile must lie in [0, 1], got {d['quantile']!r}")
+        need(_number(d["delta"]) and d["delta"] >= 0, f"delta must be a finite number >= 0, got {d['delta']!r}")
         need(isinstance(d["blocks"], list) and d["blocks"], "blocks must be a non-empty list")
         seen = set()
         for b in d["blocks"]:
+            need(isinstance(b, dict), f"every block entry must be an object, got {b!r}")
             for key in ("block", "A", "eligible", "tau"):
                 need(key in b, f"block entry {b.get('block', '?')} is missing {key!r}")
             n = b["block"]
-            need(isinstance(n, int) and n >= 1, f"block index {n!r} must be an integer >= 1")
+            need(_integer(n) and n >= 1, f"block index {n!r} must be an integer >= 1")
+            need(_number(b["A"]) and b["A"] > 0, f"A of block {n} must be a finite number > 0, got {b['A']!r}")
+            need(isinstance(b["eligible"], bool), f"eligible of block {n} must be true or false, got {b['eligible']!r}")
             need(n not in seen, f"block {n} appears twice")
             seen.add(n)
             if n_blocks is not None:
                 need(n <= n_blocks, f"block {n} is beyond this model's {n_blocks} blocks")
             if b["tau"] is not None:
-                need(0.0 <= b["tau"] <= 1.0, f"tau of block {n} must lie in [0, 1] (a routing weight), got {b['tau']}")
+                need(_number(b["tau"]) and 0.0 <= b["tau"] <= 1.0,
+                     f"tau of block {n} must lie in [0, 1] (a routing weight), got {b['tau']!r}")
             need(not (b["eligible"] and b["tau"] is None), f"block {n} is eligible but has no threshold")
-        for p in d.get("budgets", {}).get("frontier", []):
-            need(isinstance(p.get("budget"), (int, float)) and p["budget"] >= 0, f"frontier budget {p.get('budget')!r}")
+        budgets = d.get("budgets", {})
+        need(isinstance(budgets, dict) and isinstance(budgets.get("frontier", []), list),
+             "budgets must be an object whose frontier is a list")
+        for p in budgets.get("frontier", []):
+            need(isinstance(p, dict) and _number(p.get("budget")) and p["budget"] >= 0,
+                 f"frontier point {p!r:.60} needs a budget >= 0")
+            need(isinstance(p.get("blocks", {}), dict), f"budget {p['budget']}: blocks must be an object")
             for n, b in p.get("blocks", {}).items():
                 need(str(n).isdigit() and int(n) in seen, f"budget {p['budget']}: block {n} is not in blocks")
-                need(0.0 <= b.get("fraction", -1) <= 1.0, f"budget {p['budget']}: fraction of block {n} not in [0, 1]")
-                need(b.get("tau") is None or 0.0 <= b["tau"] <= 1.0, f"budget {p['budget']}: tau of block {n} "
-                     "must lie in [0, 1] or be null (skipped at every step)")
+                need(isinstance(b, dict) and _number(b.get("fraction")) and 0.0 <= b["fraction"] <= 1.0,
+                     f"budget {p['budget']}: fraction of block {n} not in [0, 1]")
+                need(b.get("tau") is None or (_number(b["tau"]) and 0.0 <= b["tau"] <= 1.0),
+                     f"budget {p['budget']}: tau of block {n} must lie in [0, 1] or be null (skipped at every step)")
 
     def check_model(self, model: ReskipModel) -> None:
         """Refuse a model other than the backbone + adapter this policy was calibrated for."""

@@ -11,6 +11,7 @@ import torch
 from transformers import DynamicCache
 
 from .. import compat
+from ..errors import ReskipError
 from ..ar_retrofit.model import ReskipModel
 from .policies import PlannedSkip, SkipPolicy
 from .runtime import RowsRuntime, StepTrace
@@ -100,6 +101,12 @@ def generate_text(model: ReskipModel, tokenizer, prompt: str, policy: SkipPolicy
     else:
         text = prompt
     enc = tokenizer(text, return_tensors="pt", add_special_tokens=not tokenizer.chat_template or raw)
+    limit = getattr(model.base_model.config, "max_position_embeddings", None)
+    wanted = enc.input_ids.shape[1] + generate_kwargs.get("max_new_tokens", 0)
+    if limit is not None and wanted > limit:
+        raise ReskipError(f"the prompt ({enc.input_ids.shape[1]} tokens) and max_new_tokens "
+                          f"({generate_kwargs.get('max_new_tokens', 0)}) need {wanted} positions; this model has "
+                          f"{limit}: shorten the prompt or ask for fewer tokens")
     torch.manual_seed(seed)
     out, trace = generate(model, enc.input_ids, policy, window, attention_mask=enc.attention_mask,
                           pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id, **generate_kwargs)

@@ -63,8 +63,8 @@ def _number(text: str, cast, what: str, spec: str, lo: float, hi: float | None =
         value = cast(text)
     except ValueError:
         raise SpecError(f"cannot read {what} {text!r} in {spec!r}") from None
-    if value != value or value < lo or (hi is not None and value > hi):  # value != value: NaN
-        span = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
+    if value != value or value in (float("inf"), float("-inf")) or value < lo or (hi is not None and value > hi):
+        span = f"in [{lo}, {hi}]" if hi is not None else f"a finite number >= {lo}"
         raise SpecError(f"{what} in {spec!r} must be {span}, got {text}")
     return value
 

@@ -15,7 +15,7 @@ from .budget import calibrate_budgets
 from .calibration import calibrate
 from .options import CalibrateOptions
 from .policy_file import PolicyFile
-from .inference_run import open_run, resolve_adapter
+from .inference_run import check_positions, open_run, resolve_adapter
 
 
 def check_options(o: CalibrateOptions) -> None:
@@ -39,8 +39,13 @@ def calibrate_run(run, options: CalibrateOptions = CalibrateOptions()) -> tuple[
     splits, record = load_splits(source_specs)
     if not splits["calib"]:
         raise ReskipError(f"the calibration split of {source_specs} is empty: give more documents")
+    check_positions(source, options.seq_len or source.seq_len, options.model, options.trust_remote_code)
+    out = Path(options.out) if options.out else source.policy_path
+    if out.is_dir():
+        raise ReskipError(f"--out {out} is a folder: give the policy file's path (e.g. {out / 'policy.json'})")
+    # A policy file already there (another calibration, or one of the adapter before a retraining) is replaced.
     opened = open_run(run, model=options.model, dtype=options.dtype,
-                      trust_remote_code=options.trust_remote_code)
+                      trust_remote_code=options.trust_remote_code, use_policy=False)
     seq_len = options.seq_len or source.seq_len
     data = pack(opened.tokenizer, splits["calib"], seq_len, options.sequences, seed=0)
     print(f"[calibrate] {len(data)} sequences x {seq_len} tokens from the calibration split of {source_specs}, "
@@ -57,7 +62,8 @@ def calibrate_run(run, options: CalibrateOptions = CalibrateOptions()) -> tuple[
         for b in policy.data["budgets"]["unreachable"]:
             print(f"warning: budget {b:g} is out of reach: this model has {opened.model.n_blocks - 1} blocks "
                   "with a router", file=sys.stderr)
-    out = Path(options.out) if options.out else source.policy_path
+    if out.is_file():
+        print(f"[calibrate] replacing {out}", flush=True)
     policy.save(out)
     if out == source.policy_path:  # the run's own policy: its adapter's model card gains the frontier
         params = sum(p.numel() for p in opened.model.side_channel.parameters())

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 import yaml
 
 from ..errors import ReskipError
-from ..ar_retrofit.config import RetrofitConfig, reject_unknown_keys
+from ..reading import read_yaml
+from ..ar_retrofit.config import RetrofitConfig, check_rank, reject_unknown_keys
 from ..config_fields import described
 
 class _Yaml12Loader(yaml.SafeLoader):
@@ -167,6 +168,7 @@ class TrainConfig:
             raise ReskipError(f"skip_blocks {self.skip_blocks} reach beyond the model's {n_blocks} blocks")
         if self.skip_blocks is None and n_blocks < 3:
             raise ReskipError(f"with {n_blocks} blocks there is no middle block to skip: set skip_blocks")
+        check_rank(self.retrofit_config(), model_config.hidden_size)
 
     def drawable_blocks(self, n_blocks: int) -> list[int]:
         return list(self.skip_blocks) if self.skip_blocks is not None else list(range(2, n_blocks))
@@ -187,7 +189,20 @@ class TrainConfig:
         try:
             data = load_yaml(text) or {}
         except yaml.YAMLError as e:
-            raise ReskipError(f"the config is not valid YAML ({e})") from e
+            raise ReskipError(f"the config is not valid YAML ({getattr(e, 'problem', None) or e})") from None
+        return cls._from_mapping(data, overrides)
+
+    @classmethod
+    def from_file(cls, path, overrides: dict | None = None) -> "TrainConfig":
+        """A config file (a run's config.yaml, or --config), every error naming it."""
+        data = read_yaml(path, load_yaml) or {}
+        try:
+            return cls._from_mapping(data, overrides)
+        except ReskipError as e:
+            raise ReskipError(f"{path}: {e}") from None
+
+    @classmethod
+    def _from_mapping(cls, data, overrides: dict | None) -> "TrainConfig":
         if not isinstance(data, dict):
             raise ReskipError("the config must be a YAML mapping of keys to values")
         data.update({k: v for k, v in (overrides or {}).items() if v is not None})

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from ..io_atomic import atomic_write_text
+from ..reading import read_jsonl
 
 
 def append_record(path: Path, record: dict) -> None:
@@ -21,8 +22,8 @@ def append_record(path: Path, record: dict) -> None:
 def truncate_after(path: Path, step: int) -> None:
     """On resume, drop records after the checkpoint's step so the log reads as one run."""
     if path.exists():
-        keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
-        atomic_write_text(path, "".join(line + "\n" for line in keep))
+        keep = [r for r in read_jsonl(path) if r["step"] <= step]  # a last record cut short is dropped too
+        atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in keep))
 
 
 def read_log(path: Path) -> list[dict] | None:
@@ -30,7 +31,7 @@ def read_log(path: Path) -> list[dict] | None:
     path = Path(path)
     if not path.is_file():
         return None
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_jsonl(path)  # a last record cut short by a stopped process is left out
 
 
 def records(log: list[dict] | None, kind: str) -> list[dict]:

@@ -8,6 +8,7 @@ function of the step and the seed, so a resumed run continues exactly.
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -104,9 +105,13 @@ def train(
     resume: bool = False,
     on_step_end: Callable[[int, ReskipModel], None] | None = None,
     show_progress: bool = True,
+    overwrite: bool = False,
 ) -> dict:
-    """Train into `run_dir` (config.yaml, splits.json, train_log.jsonl, checkpoints/, adapter/, summary.json)."""
-    run = open_training(cfg, Path(run_dir), resume, show_progress)
+    """Train into `run_dir` (config.yaml, splits.json, train_log.jsonl, checkpoints/, adapter/, summary.json).
+
+    A folder that holds another training run is refused unless `overwrite` (its training files are then
+    removed); `resume` continues the folder's own run, and settings that contradict it are refused."""
+    run = open_training(cfg, Path(run_dir), resume, show_progress, overwrite)
     cfg = run.cfg
     if run.step == 0:
         validate(run)
@@ -131,7 +136,36 @@ def train(
     return finish(run, wall_s=time.time() - t0)
 
 
-def open_training(cfg: TrainConfig, run_dir: Path, resume: bool, show_progress: bool) -> TrainingRun:
+TRAINING_FILES = ("config", "train_log", "checkpoints", "adapter", "summary")  # `RunFolder` names a run's training owns
+
+
+def check_identity(cfg: TrainConfig, files: RunFolder, resume: bool, overwrite: bool, remove: bool = True) -> None:
+    """Refuse to train over another run (unless `overwrite`: its training files are removed), and to resume a
+    run with settings that contradict its own config.yaml."""
+    if resume:
+        if not files.config.is_file():
+            raise ReskipError(f"{files.root} is not a training run folder (no config.yaml): nothing to resume")
+        recorded = TrainConfig.from_file(files.config)
+        recorded = dataclasses.replace(recorded, dtype=resolve_dtype_name(recorded.dtype))
+        diffs = [f"{f.name}: the run's {getattr(recorded, f.name)!r}, asked {getattr(cfg, f.name)!r}"
+                 for f in dataclasses.fields(TrainConfig)
+                 if f.name != "retrofit" and getattr(recorded, f.name) != getattr(cfg, f.name)]
+        if recorded.resolved_retrofit() != cfg.resolved_retrofit():
+            diffs.append(f"retrofit: the run's {recorded.resolved_retrofit()}, asked {cfg.resolved_retrofit()}")
+        if diffs:
+            raise ReskipError(f"--resume {files.root} keeps the run's own settings, and these differ: "
+                              + "; ".join(diffs) + ". Drop those flags, or train into another --out")
+        return
+    held = [getattr(files, name) for name in TRAINING_FILES if getattr(files, name).exists()]
+    if held and not overwrite:
+        raise ReskipError(f"{files.root} already holds a training run ({', '.join(p.name for p in held)}): "
+                          "--resume it, pass --overwrite to replace it, or choose another --out")
+    for path in held if remove else ():  # one process removes them
+        shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+
+
+def open_training(cfg: TrainConfig, run_dir: Path, resume: bool, show_progress: bool,
+                  overwrite: bool = False) -> TrainingRun:
     """Check the config, load the backbone and data, build the model, objective and optimizer (restored from
     the last checkpoint on `resume`), and write config.yaml and splits.json."""
     # cpu=True when there is no GPU: under torchrun this gives gloo data-parallel on CPU processes.
@@ -141,6 +175,7 @@ def open_training(cfg: TrainConfig, run_dir: Path, resume: bool, show_progress: 
     # config.yaml, the adapter and a resumed run keep the dtype 'auto' resolved to on this hardware
     asked, cfg = cfg.dtype, dataclasses.replace(cfg, dtype=resolve_dtype_name(cfg.dtype, accelerator.device))
     files = RunFolder(run_dir)
+    check_identity(cfg, files, resume, overwrite, remove=accelerator.is_main_process)
     splits, record = load_splits(cfg.data)  # cheap; an empty data set fails here, before the model
     check_against_backbone(cfg)
     torch.manual_seed(cfg.seed)
