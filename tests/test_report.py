@@ -49,8 +49,9 @@ def test_pipeline_writes_every_stage(pipeline_run):
     assert all("w_recent_range" in r for r in d["routing_health"]) and set(d["signal_health"]["blocks"]) == {"2", "3"}
     st = d["signal_test"]
     assert {(r["block"], r["p"]) for r in st["blocks"]} == {(n, p) for n in (2, 3) for p in (0.25, 0.5)}
-    assert st["sequences"] == 4 and st["sentence"] and all(r["A"] > 0 for r in st["blocks"])
     policy = json.loads((run / "policy.json").read_text())
+    A = {b["block"]: b["A"] for b in policy["blocks"]}
+    assert st["sequences"] == 4 and st["sentence"] and all(r["A"] == A[r["block"]] for r in st["blocks"])
     assert all("signal" in b for b in policy["blocks"] if b["block"] >= 2)
 
 

@@ -28,5 +28,5 @@ def check_range(flag: str, value, lo, hi=None) -> None:
     if value is None:
         return
     if value != value or value in (float("inf"), float("-inf")) or value < lo or (hi is not None and value > hi):
-        span = f"[{lo}, {hi}]" if hi is not None else f"a finite number >= {lo}"
+        span = f"[{lo}, {hi}]" if hi is not None else f">= {lo} and finite"
         raise ReskipError(f"--{flag} must be {span}, got {value}")

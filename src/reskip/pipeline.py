@@ -54,7 +54,7 @@ PRESETS = {
                "diagnose": {"sequences": 2, "sample_tokens": 64, "signal_sequences": 8, "probe_sequences": 16}},
     # The default recipe (TrainConfig defaults): about an hour of training on a 2-core CPU.
     "standard": {"train": {}, "calibrate": {"sequences": 32}, "eval": {"sequences": 16, "mc_limit": 50, "chunk_size": 32},
-                 "diagnose": {"sequences": 4, "sample_tokens": 96, "signal_sequences": 8, "probe_sequences": 32}},
+                 "diagnose": {"sequences": 4, "sample_tokens": 96, "signal_sequences": 8, "probe_sequences": 128}},
 }
 # The standard recipe at 4x and 10x its training tokens (same batch, peak learning rate, and c(t) and warm-up
 # over the same shares of the run; four validations spaced over it); every later stage as the standard's.

@@ -22,7 +22,7 @@ def card_text(config: dict, params: int, policy: dict | None = None) -> str:
     lines = ["---", "library_name: reskip", f"base_model: {name}", "tags:", "- reskip", "- ar-retrofit",
              "- attention-residuals", "- layer-skipping", "---", "",
              f"# AR-Retrofit adapter for {name}", "",
-             "A trainable side-channel (depth routers, low-rank adapters and gates) on a frozen backbone; with a "
+             "A trainable side-channel (depth routers, low-rank corrections and gates) on a frozen backbone; with a "
              "calibrated policy, ReSkip uses its routing weights to skip whole blocks at inference. The backbone's "
              "weights are not in this folder and are never changed.", "",
              "## Backbone", "",

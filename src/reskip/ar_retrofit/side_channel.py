@@ -1,4 +1,8 @@
-"""The trainable side-channel: per block n >= 2 a depth router, a low-rank adapter and a gate.
+"""The trainable side-channel: per block n >= 2 a depth router, a low-rank correction A_n and a gate.
+
+(The correction's module is `LowRankAdapter` under the attribute `adapter`: those names are in every saved
+adapter file's tensor names and every policy file's digest, so they stay; "the adapter" elsewhere means the saved
+side-channel, `adapter/`.)
 
     k_i        = RMSNorm(h_i) + b_i                     (no learned scale)
     alpha_i->n = softmax_i(w_n . k_i / sqrt(d))         i = 0..n-1

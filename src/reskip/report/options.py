@@ -17,7 +17,7 @@ class DiagnoseOptions:
     sequences: int = 4
     sample_tokens: int = 96
     signal_sequences: int = 8
-    probe_sequences: int = 32
+    probe_sequences: int = 128
     model: str | None = None
     dtype: str = "auto"
     out: str | None = None

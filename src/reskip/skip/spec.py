@@ -64,7 +64,7 @@ def _number(text: str, cast, what: str, spec: str, lo: float, hi: float | None =
     except ValueError:
         raise SpecError(f"cannot read {what} {text!r} in {spec!r}") from None
     if value != value or value in (float("inf"), float("-inf")) or value < lo or (hi is not None and value > hi):
-        span = f"in [{lo}, {hi}]" if hi is not None else f"a finite number >= {lo}"
+        span = f"in [{lo}, {hi}]" if hi is not None else f">= {lo} and finite"
         raise SpecError(f"{what} in {spec!r} must be {span}, got {text}")
     return value
 

@@ -59,7 +59,7 @@ def parameter_groups(model: ReskipModel, cfg: TrainConfig) -> list[dict]:
     rest = [p for p in model.trainable_parameters() if id(p) not in chosen]
     return [{"params": query, "lr_mult": cfg.router_lr_mult, "name": "router query"},
             {"params": bias, "lr_mult": cfg.source_bias_lr_mult, "name": "router source bias"},
-            {"params": rest, "lr_mult": 1.0, "name": "adapters and gates"}]
+            {"params": rest, "lr_mult": 1.0, "name": "corrections and gates"}]
 
 
 def check_against_backbone(cfg: TrainConfig) -> int:
