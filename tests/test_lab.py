@@ -116,7 +116,20 @@ def _post(url, data: bytes):
 
 
 def test_bad_requests_get_a_clear_error_not_a_hung_server(server):
-    assert _post(server + "/api/run", b"not json") == (400, {"error": "the request is not JSON"})
+    code, body = _post(server + "/api/run", b"not json")
+    assert code == 400 and body["error"].startswith("the request is not standard JSON")
+    assert _post(server + "/api/run", b'{"text": "caf\xe9"}') == (400, {"error": "the request is not UTF-8 text"})
+    for bad in (b'{"change": {"variable": "tau", "value": Infinity}}', b'{"change": {"value": 1e999}}'):
+        code, body = _post(server + "/api/run", bad)
+        assert code == 400 and "not standard JSON" in body["error"], bad
+    good_prediction = {"direction": "better"}
+    for change, said in (({"variable": {"name": "tau"}, "value": 0.5, "block": 2}, "unknown variable"),
+                         ({"variable": "window", "value": True}, "whole number"),
+                         ({"variable": "tau", "value": 0.5, "block": 1e300}, "must lie in [2, 3], got 1e+300"),
+                         ({"variable": "curriculum", "value": False}, "must be a number")):
+        code, body = _post(server + "/api/run", json.dumps({"text": TEXT, "change": change,
+                                                            "prediction": good_prediction}).encode())
+        assert code == 200 and said in body["error"], (change, body)
     code, body = _post(server + "/api/run", json.dumps({"text": TEXT, "change": {"variable": ["tau", "window"]},
                                                         "prediction": {"direction": "better"}}).encode())
     assert code == 200 and "at once is refused" in body["error"]  # the lab's own answer, shown in the page
@@ -124,6 +137,18 @@ def test_bad_requests_get_a_clear_error_not_a_hung_server(server):
     assert code == 413
     with urllib.request.urlopen(server + "/api/state", timeout=10) as r:  # still answering
         assert json.loads(r.read())["baseline"]["budget"] == 1.0
+
+
+def test_a_busy_port_is_refused_before_anything_loads(capsys):
+    from reskip.cli import main
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.listen()
+        assert main(["lab", "/nonexistent-run", "--port", str(port)]) == 2
+    err = capsys.readouterr()
+    assert f"port {port}" in err.err and "in use" in err.err and "http://" not in err.out
 
 
 def test_the_page_in_a_headless_browser(server):

@@ -8,10 +8,11 @@ from .common import dtype_flag
 
 
 def cmd_lab(args) -> int:
-    from ..lab.app import serve  # lazy: torch, starlette
+    from ..lab.app import check_port, serve  # lazy: torch, starlette
     from ..lab.session import LabSession
 
     check_range("port", args.port, 1, 65535)
+    check_port(args.port)  # before the model loads and before any URL is printed
     serve(LabSession(args.run, model=args.model, dtype=args.dtype), args.port)
     return 0
 

@@ -14,6 +14,8 @@ and the browser logs nothing for it. A request that is not the page's (not JSON,
 from __future__ import annotations
 
 import json
+import math
+import socket
 from importlib import resources
 
 from starlette.applications import Starlette
@@ -22,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
+from ..errors import ReskipError
 from .session import LabSession
 from .variables import LabError
 
@@ -48,9 +51,11 @@ def build_app(session: LabSession) -> Starlette:
         if len(body) > MAX_BODY:
             return JSONResponse({"error": f"the request is {len(body):,} bytes; at most {MAX_BODY:,}"}, status_code=413)
         try:
-            data = json.loads(body or b"{}")
-        except json.JSONDecodeError:
-            return JSONResponse({"error": "the request is not JSON"}, status_code=400)
+            data = json.loads((body or b"{}").decode("utf-8"), parse_constant=_no_constant, parse_float=_finite)
+        except UnicodeDecodeError:
+            return JSONResponse({"error": "the request is not UTF-8 text"}, status_code=400)
+        except (json.JSONDecodeError, ValueError) as e:
+            return JSONResponse({"error": f"the request is not standard JSON ({e})"}, status_code=400)
         if not isinstance(data, dict):
             return JSONResponse({"error": "the request must be a JSON object"}, status_code=400)
         try:
@@ -67,8 +72,29 @@ def build_app(session: LabSession) -> Starlette:
                              Route("/favicon.ico", no_icon)])
 
 
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    x = float(text)
+    if not math.isfinite(x):
+        raise ValueError(f"{text} is too large for a number")
+    return x
+
+
+def check_port(port: int) -> None:
+    """Refuse a port another program holds, before any URL is printed."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((HOST, port))
+        except OSError as e:
+            raise ReskipError(f"port {port} on {HOST} is in use ({e.strerror}): stop what holds it or pass --port") from None
+
+
 def serve(session: LabSession, port: int) -> None:
     import uvicorn  # lazy: only the serving command needs it
 
+    check_port(port)
     print(f"reskip lab on http://{HOST}:{port}/ (loopback only; Ctrl-C stops it)", flush=True)
     uvicorn.run(build_app(session), host=HOST, port=port, log_level="warning")

@@ -67,7 +67,7 @@ def apply(base: Setting, change: dict, policy_file: PolicyFile, n_blocks: int, h
             raise LabError(f"changing {len(variable)} variables at once is refused: change one variable per run, or "
                            "the measured delta could not be attributed to either")
         variable = variable[0]
-    if variable not in VARIABLES:
+    if not isinstance(variable, str) or variable not in VARIABLES:
         raise LabError(f"unknown variable {variable!r}; one of: {', '.join(VARIABLES)}")
     p = base.policy
     if variable in ("skip_block", "tau"):
@@ -110,21 +110,25 @@ def apply(base: Setting, change: dict, policy_file: PolicyFile, n_blocks: int, h
 
 
 def _int(v, name: str, lo: int, hi: int) -> int:
+    if isinstance(v, bool):  # JSON true is not 1 here
+        raise LabError(f"{name} must be a whole number, got {v!r}")
     try:
         x = int(v)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise LabError(f"{name} must be a whole number, got {v!r}") from None
     if x != v and str(x) != str(v).strip():
         raise LabError(f"{name} must be a whole number, got {v!r}")
     if not lo <= x <= hi:
-        raise LabError(f"{name} must lie in [{lo}, {hi}], got {x}")
+        raise LabError(f"{name} must lie in [{lo}, {hi}], got {v!r}")
     return x
 
 
 def _float(v, name: str, lo: float, hi: float) -> float:
+    if isinstance(v, bool):
+        raise LabError(f"{name} must be a number, got {v!r}")
     try:
         x = float(v)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise LabError(f"{name} must be a number, got {v!r}") from None
     if not math.isfinite(x) or not lo <= x <= hi:
         raise LabError(f"{name} must lie in [{lo:g}, {hi:g}], got {v!r}")
