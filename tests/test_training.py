@@ -2,6 +2,8 @@
 
 import json
 import math
+import os
+import time
 
 import pytest
 import torch
@@ -356,3 +358,45 @@ def test_numbers_are_read_as_yaml_1_2_on_flags_and_in_config_files(tmp_path):
     assert (cfg.lr, cfg.lambda_kl, cfg.lambda_ent, cfg.steps) == (1e-3, 0.5, 0.02, 7)
     args = build_parser().parse_args(["train", "--lr", "1e-3"])
     assert train_config(args).lr == 1e-3
+
+
+@pytest.mark.integration
+def test_a_kill_anywhere_in_training_leaves_a_folder_refused_in_one_line_or_resumed_exactly(tmp_path):
+    """SIGKILL of a real `reskip train` process at several points: `--resume` either continues it to the adapter
+    an uninterrupted run writes, byte for byte, or (killed before its first checkpoint) refuses in one line, and
+    the same command with --overwrite then writes that adapter."""
+    import signal
+    import subprocess
+    import sys
+
+    from helpers import save_tiny, write_corpus
+
+    model, corpus = save_tiny(tmp_path / "model", "llama"), write_corpus(tmp_path / "corpus", n_docs=300)
+    args = ["--model", str(model), "--data", str(corpus), "--seq-len", "16", "--steps", "6", "--batch-size", "2",
+            "--eval-every", "3", "--save-every", "2", "--eval-sequences", "2", "--block-size", "2", "--rank", "8",
+            "--quiet"]
+    cli = [sys.executable, "-m", "reskip.cli", "train"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    ref = tmp_path / "ref"
+    subprocess.run([*cli, *args, "--out", str(ref)], check=True, env=env, capture_output=True)
+    expected = (ref / "adapter" / "adapter_model.safetensors").read_bytes()
+    for records in (0, 1, 3, 5):  # train records in the log when the kill comes
+        run = tmp_path / f"killed-{records}"
+        proc = subprocess.Popen([*cli, *args, "--out", str(run)], env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        log = run / "train_log.jsonl"
+        while proc.poll() is None:
+            if records == 0 and (run / "config.yaml").exists():
+                break
+            if log.exists() and log.read_text().count('"kind": "train"') >= records > 0:
+                break
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        resumed = subprocess.run([*cli, "--resume", str(run), "--quiet"], env=env, capture_output=True, text=True)
+        if resumed.returncode == 2:  # no checkpoint yet: one line, then start over in the same folder
+            assert len(resumed.stderr.strip().splitlines()) == 1 and "no checkpoint" in resumed.stderr
+            subprocess.run([*cli, *args, "--out", str(run), "--overwrite"], check=True, env=env, capture_output=True)
+        else:
+            assert resumed.returncode == 0, resumed.stderr
+        assert (run / "adapter" / "adapter_model.safetensors").read_bytes() == expected, records

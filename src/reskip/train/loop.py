@@ -155,6 +155,9 @@ def check_identity(cfg: TrainConfig, files: RunFolder, resume: bool, overwrite: 
         if diffs:
             raise ReskipError(f"--resume {files.root} keeps the run's own settings, and these differ: "
                               + "; ".join(diffs) + ". Drop those flags, or train into another --out")
+        if latest_checkpoint(files.root) is None:
+            raise ReskipError(f"{files.root} has no checkpoint to resume from (it stopped before its first): start "
+                              "it again with the same flags and --overwrite")
         return
     held = [getattr(files, name) for name in TRAINING_FILES if getattr(files, name).exists()]
     if held and not overwrite:
