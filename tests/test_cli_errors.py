@@ -80,6 +80,9 @@ BAD = [
     (["report", "{files}/cut-policy", "--out", "{tmp}/r"], "is not valid JSON"),
     (["generate", "hi", "--adapter", "{files}/string-tau"], "tau of block"),
     (["calibrate", "--adapter", "{files}/bad-config"], "is not valid YAML at line"),
+    (["report", "{files}/cut-summary", "--out", "{tmp}/r"], "is not valid JSON"),
+    (["report", "{files}/bad-log", "--out", "{tmp}/r"], "train_log.jsonl:2 is not valid JSON"),
+    (["report", "{files}/latin1-log", "--out", "{tmp}/r"], "is not UTF-8 text"),
     (["train", "--resume", "{files}/bad-config"], "is not valid YAML at line"),
     (["train", "--rank", "100000", "--seq-len", "16", "--block-size", "2", "--model", "{model}", "--out", "{tmp}/t"], "exceeds the model's hidden size"),
     (["generate", "hi", "--adapter", MISSING], "neither a run folder"),
@@ -142,7 +145,7 @@ def bad_files(tmp_path_factory, trained_run):
     assert main(["calibrate", "--adapter", str(trained_run), "--sequences", "4", "--delta", "100", "--budgets", "none",
                  "--out", str(d / "policy.json")]) == 0
     policy = (d / "policy.json").read_text()
-    for name in ("cut-policy", "string-tau", "bad-config"):
+    for name in ("cut-policy", "string-tau", "bad-config", "cut-summary", "bad-log", "latin1-log"):
         shutil.copytree(trained_run, d / name)
         (d / name / "policy.json").write_text(policy)
     (d / "cut-policy" / "policy.json").write_text(policy[:120])
@@ -150,6 +153,11 @@ def bad_files(tmp_path_factory, trained_run):
     data["blocks"][2]["tau"] = "high"
     (d / "string-tau" / "policy.json").write_text(json.dumps(data))
     (d / "bad-config" / "config.yaml").write_text("lr: [1,\n")
+    summary = (d / "cut-summary" / "summary.json").read_text()
+    (d / "cut-summary" / "summary.json").write_text(summary[: len(summary) // 2])
+    lines = (d / "bad-log" / "train_log.jsonl").read_text().splitlines()
+    (d / "bad-log" / "train_log.jsonl").write_text("\n".join([lines[0], lines[1][:20], *lines[2:]]) + "\n")
+    (d / "latin1-log" / "train_log.jsonl").write_bytes((d / "latin1-log" / "train_log.jsonl").read_bytes() + b"\xe9\n")
     return d
 
 

@@ -138,7 +138,9 @@ def test_local_regression_with_no_middle_block():
     ids, _ = batch(pad=False, bsz=2, seq=10)
     terms = RetrofitObjective(rm, 1.0, 0.01, lambda_local=1.0)(ids, ids.clone(), 2, 1.0 / ids.numel(), 1.0 / ids.numel())
     assert len(rm.side_channel.shortcuts) == 0 and terms["local"].item() == 0.0
-    assert torch.isfinite(terms["loss"])
+    # the loss is CE + KL - 0.01 H (no signal term asked, the local term 0), every term finite
+    expected = terms["ce"] + terms["kl"] - 0.01 * terms["ent"]
+    assert torch.isfinite(expected) and terms["loss"].item() == pytest.approx(expected.item(), rel=1e-6)
 
 
 def test_validation_one_sequence_at_a_time_gives_the_batchs_figures():
