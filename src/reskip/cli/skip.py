@@ -41,6 +41,8 @@ def cmd_generate(args) -> int:
     check_range("temperature", args.temperature, 0.0)
     if args.top_p == 0 or args.temperature == 0:
         raise ReskipError("--temperature and --top-p must be > 0 (for greedy decoding leave out --sample)")
+    if not args.prompt.strip():
+        raise ReskipError("the prompt is empty: give the text to continue")
     try:
         args.prompt.encode("utf-8")
     except UnicodeEncodeError:
