@@ -36,6 +36,17 @@ def test_chat_labels_cover_assistant_content_only(smollm2):
     assert trained == "Hello! How can I help?<|im_end|>\nAlright.<|im_end|>\n"
 
 
+def test_a_conversation_the_assistant_opens_is_context_until_it_answers(smollm2):
+    """Its opening turn answers nothing (and the template cannot render the empty conversation before it): it is
+    context; the assistant's answer to the user is trained."""
+    _, tok = smollm2
+    messages = [{"role": "assistant", "content": "Welcome back."}, {"role": "user", "content": "Thanks"},
+                {"role": "assistant", "content": "Any time."}]
+    ids, labels = chat_tokens(tok, messages)
+    assert ids == tok(tok.apply_chat_template(messages, tokenize=False), add_special_tokens=False).input_ids
+    assert tok.decode([i for i, lab in zip(ids, labels) if lab != IGNORE]) == "Any time.<|im_end|>\n"
+
+
 def test_pack_is_deterministic_and_mixes_sources(smollm2):
     _, tok = smollm2
     docs = [Document(f"a{i}", "prose", "To be or not to be, that is the question. " * 20) for i in range(20)]

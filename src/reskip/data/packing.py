@@ -45,7 +45,9 @@ def _render(tokenizer, messages, generation_prompt=False) -> str:
 
 
 def chat_tokens(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:
-    """Token ids and labels of one conversation; labels only on assistant content (and its end tag)."""
+    """Token ids and labels of one conversation; labels only on assistant content (and its end tag). An assistant
+    turn that opens the conversation answers nothing: it is context, not trained (and a chat template cannot
+    render the empty conversation before it)."""
     ids, labels, done = [], [], ""
 
     def add(piece: str, train: bool):
@@ -54,7 +56,8 @@ def chat_tokens(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:
         labels.extend(toks if train else [IGNORE] * len(toks))
 
     for i, m in enumerate(messages):
-        if m["role"] == "assistant":
+        answers = m["role"] == "assistant" and i > 0
+        if answers:
             header = _render(tokenizer, messages[:i], generation_prompt=True)
             if header.startswith(done):
                 add(header[len(done):], False)
@@ -62,7 +65,7 @@ def chat_tokens(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:
         full = _render(tokenizer, messages[: i + 1])
         if not full.startswith(done):  # a template that rewrites earlier turns: train on nothing unsafe
             raise ReskipError("the chat template does not render conversations prefix by prefix; use plain text data")
-        add(full[len(done):], m["role"] == "assistant")
+        add(full[len(done):], answers)
         done = full
     return ids, labels
 
