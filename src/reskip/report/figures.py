@@ -257,24 +257,32 @@ def fig_experiment_curves(result: dict):
 
 def fig_scale(result: dict):
     """The scale experiment: perplexity / backbone at one and two blocks per step against training tokens, per
-    method, on the test split and kjv (one line per backbone and method); and the headroom each chooser captured."""
+    method, on the test split and kjv (colour: method, line: budget, marker: backbone); and the headroom each
+    chooser captured per block."""
+    from matplotlib.lines import Line2D
+
     arms = result["scale_arms"]
-    styles = {"reskip": ("tab:blue", "o"), "static": ("tab:red", "s"), "influence": ("tab:olive", "^"),
-              "random": ("tab:gray", "x")}
-    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+    colors = {"reskip": "tab:blue", "static": "tab:red", "influence": "tab:olive", "random": "tab:gray"}
+    models = sorted({a["model"] for a in arms.values()})
+    markers = dict(zip(models, "osD^v"))
+    budgets = {1.0: "-", 2.0: "--"}
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4.6))
     for ax, split in zip(axes[:2], ("test", "kjv")):
-        for model in sorted({a["model"] for a in arms.values()}):
+        for model in models:
             mine = sorted((a for a in arms.values() if a["model"] == model), key=lambda a: a["tokens"])
-            for budget, ls in ((1.0, "-"), (2.0, "--")):
-                for method, (color, marker) in styles.items():
+            for budget, ls in budgets.items():
+                for method, color in colors.items():
                     pts = [(a["tokens"], r[method]) for a in mine for r in (a["frontier"].get(split) or [])
                            if r["budget"] == budget and r.get(method) is not None]
                     if pts:
-                        ax.plot(*zip(*pts), ls=ls, color=color, marker=marker, ms=4,
-                                label=f"{method} @{budget:g}" + (f" {model}" if len(result["model"].split(", ")) > 1 else ""))
+                        ax.plot(*zip(*pts), ls=ls, color=color, marker=markers[model], ms=5)
         ax.set_xscale("log"); ax.set_xlabel("training tokens"); ax.set_ylabel("perplexity / backbone")
-        ax.axhline(1.0, color="k", lw=0.5); ax.set_title(f"{split}: solid one block per step, dashed two", fontsize=9)
-    axes[0].legend(fontsize=6, ncol=2)
+        ax.axhline(1.0, color="k", lw=0.5); ax.set_title(f"{split}: ReSkip and its baselines at matched skips", fontsize=9)
+    handles = ([Line2D([], [], color=c, label=m) for m, c in colors.items()]
+               + [Line2D([], [], color="k", ls=ls, label=f"{b:g} block{'s' if b > 1 else ''} per step")
+                  for b, ls in budgets.items()]
+               + [Line2D([], [], color="k", ls="", marker=mk, label=m) for m, mk in markers.items()])
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=7, frameon=False)
     ax = axes[2]
     labels, xs = [], 0
     for name, a in arms.items():
@@ -287,6 +295,7 @@ def fig_scale(result: dict):
     ax.set_xticks(range(len(labels)), labels, fontsize=5, rotation=90)
     ax.axhline(0.0, color="k", lw=0.5); ax.set_ylabel("share of the oracle's headroom over random")
     ax.set_title("captured per block (signal test)", fontsize=9); ax.legend(fontsize=7)
+    fig.subplots_adjust(bottom=0.32)
     caption = ("ReSkip's budget frontier against static, influence and random at matched skips, as training tokens grow "
                "(log scale), on the test split and on the held-out kjv; and, per arm and eligible block, the share of the "
                "hindsight oracle's headroom over random captured by alpha (signal), by a probe fitted on what exists "
