@@ -12,6 +12,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 import numpy as np  # noqa: E402
 
 from ..train.log import records  # noqa: E402
@@ -259,8 +260,6 @@ def fig_scale(result: dict):
     """The scale experiment: perplexity / backbone at one and two blocks per step against training tokens, per
     method, on the test split and kjv (colour: method, line: budget, marker: backbone); and the headroom each
     chooser captured per block."""
-    from matplotlib.lines import Line2D
-
     arms = result["scale_arms"]
     colors = {"reskip": "tab:blue", "static": "tab:red", "influence": "tab:olive", "random": "tab:gray"}
     models = sorted({a["model"] for a in arms.values()})
