@@ -111,7 +111,8 @@ def _state(run: RunFolder) -> dict:
     return read_json(run.pipeline) if run.pipeline.is_file() else {"finished": [], "timings": {}}
 
 
-def _config_of(state: dict) -> PipelineConfig:
+def config_of(state: dict) -> PipelineConfig:
+    """The PipelineConfig a pipeline.json records."""
     # a run recorded without a dtype ran in float32, the only compute dtype there was
     return PipelineConfig(state["preset"], state["model"], state["data"], state.get("overrides", {}), state["delta"],
                           state.get("dtype", "float32"))
@@ -126,7 +127,7 @@ def run_pipeline(run_dir: Path, config: PipelineConfig | None = None, resume: bo
         raise ReskipError(f"{run.root} already holds a run: use --resume {run.root} or another --out")
     state = _state(run)
     if resume:
-        config = _config_of(state)  # the run's own settings, whatever was passed
+        config = config_of(state)  # the run's own settings, whatever was passed
     config = config or PipelineConfig()
     config.check()  # bad values fail here, before any stage runs
     print(f"[dtype] {describe(config.dtype)}", flush=True)

@@ -28,7 +28,7 @@ from ..backbones.loading import DEFAULT_BACKBONE
 from ..reading import read_json
 from .record import claim
 from ..errors import ReskipError
-from ..pipeline import PipelineConfig, run_pipeline
+from ..pipeline import PipelineConfig, config_of, run_pipeline
 from .options import ExperimentOptions
 from ..skip.position_choice import bootstrap_difference
 from ..runs import RunFolder
@@ -90,8 +90,7 @@ def measure_arm(root: Path) -> dict:
     state, summary = _read(run.pipeline), _read(run.summary)
     ev = _read(root / "eval" / "results.json")
     policy, diag = _read(run.policy), _read(root / "diagnostics.json")
-    train = PipelineConfig(state["preset"], state["model"], state["data"], state.get("overrides", {}),
-                           state["delta"], state["dtype"]).train_config()
+    train = config_of(state).train_config()
     middle = [b for b in policy["blocks"] if 1 < b["block"] < len(policy["blocks"])]
     best = min(middle, key=lambda b: b["A"])
     st = diag.get("signal_test")

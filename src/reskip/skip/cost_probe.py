@@ -116,11 +116,12 @@ class _LastTwo(torch.nn.Module):
         return self.inner(x[:, -2:])
 
 
-def _candidates(x: torch.Tensor, y: torch.Tensor, seed: int) -> dict[str, torch.nn.Module]:
-    fitted = {f"ridge:{p:g}": _ridge(x, y, p) for p in RIDGE_PENALTIES}
-    fitted["mlp"] = _mlp(x, y, seed)
-    fitted["ridge:w_recent+position"] = _LastTwo(_ridge(x[:, -2:], y, RIDGE_PENALTIES[0]))
-    return fitted
+# Each candidate: (standardised features (N, F), costs (N,), seed) -> a fitted predictor.
+CANDIDATES = {
+    **{f"ridge:{p:g}": (lambda x, y, seed, p=p: _ridge(x, y, p)) for p in RIDGE_PENALTIES},
+    "mlp": _mlp,
+    "ridge:w_recent+position": lambda x, y, seed: _LastTwo(_ridge(x[:, -2:], y, RIDGE_PENALTIES[0])),
+}
 
 
 def chosen_cost(pred: torch.Tensor, cost: torch.Tensor, share: float = 0.5) -> float:
@@ -140,17 +141,17 @@ def fit_probe(states: torch.Tensor, costs: torch.Tensor, labelled: torch.Tensor,
     scale = states[:n_fit][labelled[:n_fit]].std(0).clamp_min(1e-6)
     z = (states - mean) / scale  # (S, T, F)
 
-    def fit(rows: slice) -> dict[str, torch.nn.Module]:
+    def fit(name: str, rows: slice) -> torch.nn.Module:
         m = labelled[rows]
-        return _candidates(z[rows][m], costs[rows][m].float(), seed)
+        return CANDIDATES[name](z[rows][m], costs[rows][m].float(), seed)
 
     held = slice(n_fit, S)
     scores = {}
-    for name, net in fit(slice(0, n_fit)).items():
-        pred = net(z[held].reshape(-1, z.shape[-1])).reshape(costs[held].shape)
+    for name in CANDIDATES:
+        pred = fit(name, slice(0, n_fit))(z[held].reshape(-1, z.shape[-1])).reshape(costs[held].shape)
         scores[name] = chosen_cost(pred, costs[held])
     best = min(scores, key=scores.get)
-    net = fit(slice(0, S))[best]  # the chosen candidate, refitted on the whole split
+    net = fit(best, slice(0, S))  # only the chosen candidate is refitted, on the whole split
     return Probe(best, mean, scale, net, scores)
 
 
