@@ -8,7 +8,7 @@ from helpers import VOCAB, batch, tiny_model
 from reskip import RetrofitConfig, retrofit
 from reskip.compat import cache_kwarg
 from reskip.ar_retrofit.kv_cache import append_kv, reference_logits
-from reskip.skip.scoring import generate, score, score_planned, score_rows
+from reskip.skip.scoring import generate, score, score_planned, score_planned_whole, score_rows
 from reskip.skip.policies import NoSkip, PlannedSkip, RandomSkip, ReSkip, SkipPolicy, StaticSkip
 
 EXACT_FAMILIES = ["llama", "qwen3", "gemma3", "qwen2", "mistral"]
@@ -138,10 +138,18 @@ def test_batched_planned_scoring_equals_each_row_alone(family, shortcut):
         assert [(t.start, t.length, t.skipped) for t in traces[b]] == [(t.start, t.length, t.skipped) for t in trace]
         torch.testing.assert_close(logits[b : b + 1], alone, rtol=1e-5, atol=1e-5)
     assert not torch.allclose(logits[0], logits[1], atol=1e-3)  # the plans made a difference
+    whole, whole_traces = score_planned_whole(rm, ids, plans, chunk_size=4)  # one cache-free pass, same logits
+    assert [[(t.start, t.length, t.skipped) for t in tr] for tr in whole_traces] == \
+        [[(t.start, t.length, t.skipped) for t in tr] for tr in traces]
+    torch.testing.assert_close(whole, logits, rtol=1e-5, atol=1e-5)
+    everywhere = [PlannedSkip([f({2}), f({2, 3}), f({2}), f({2})])] * 3  # block 2 never runs, block 3 at one step
+    torch.testing.assert_close(score_planned_whole(rm, ids, everywhere, chunk_size=4)[0],
+                               score_planned(rm, ids, everywhere, chunk_size=4)[0], rtol=1e-5, atol=1e-5)
     one_step, _ = score_planned(rm, ids, [PlannedSkip([f({3})])] * 3, chunk_size=14)  # one step: no cache
     torch.testing.assert_close(one_step, score(rm, ids, StaticSkip({3}), window=3)[0], rtol=1e-5, atol=1e-5)
-    with pytest.raises(ValueError, match="2 plans for 3 sequences"):
-        score_planned(rm, ids, plans[:2], chunk_size=4)
+    for scorer in (score_planned, score_planned_whole):
+        with pytest.raises(ValueError, match="2 plans for 3 sequences"):
+            scorer(rm, ids, plans[:2], chunk_size=4)
 
 
 @pytest.mark.parametrize("family,shortcut", [("llama", False), ("llama", True), ("qwen3", False), ("gemma3", True)])

@@ -2,8 +2,9 @@
 
 Each test sequence makes its own skip decisions, in chunks of `chunk_size` tokens: a chunk is one
 step. A group of sequences is scored in one batch, each row making its own decisions: planned in
-advance for a policy that reads no signal (static, influence, random, a budget of whole blocks), taken
-as it goes from the row's own signal for ReSkip. Per method: perplexity and
+advance for a policy that reads no signal (static, influence, random, a budget of whole blocks) and
+scored in one cache-free pass (the reference the exact cache equals), taken as it goes from the row's
+own signal for ReSkip (in chunks, with the exact cache). Per method: perplexity and
 its ratio to the backbone's, top-1 agreement with and KL to the backbone, blocks skipped per
 step (mean and distribution), the share of layer FLOPs executed, and the margin check
 (eps = max |logit change| from skipping relative to the retrofit without skipping,
@@ -28,7 +29,7 @@ from ..losses import head_logits, next_token_targets, teacher_targets
 from ..ar_retrofit.model import ReskipModel
 from ..skip.policies import NoSkip, SkipPolicy, plan
 from ..skip.policy_file import PolicyFile, make_policy
-from ..skip.scoring import score, score_planned, score_rows
+from ..skip.scoring import score, score_planned_whole, score_rows
 from ..skip.spec import METHOD_GRAMMAR, Spec, parse_spec
 from .flops import LayerFlops, executed_share, shortcut_flops
 
@@ -298,11 +299,13 @@ class Scoring:
         return out
 
     def _planned(self, plans: dict, rows: list[int], refs: dict[int, References]) -> list[Tally]:
-        """Decisions fixed in advance: the rows not already scored with exactly these decisions, in one batch."""
+        """Decisions fixed in advance: the rows not already scored with exactly these decisions, in one batch
+        and one cache-free pass (`scoring.score_planned_whole`: what the chunked run computes, up to rounding)."""
         keys = {i: (i, _decisions(p.steps)) for i, p in plans.items()}
         new = [i for i in rows if keys[i] not in self.seen]
         if new:
-            z, traces = score_planned(self.model, self.data.input_ids[new], [plans[i] for i in new], self.chunk_size)
+            z, traces = score_planned_whole(self.model, self.data.input_ids[new], [plans[i] for i in new],
+                                            self.chunk_size)
             for b, i in enumerate(new):
                 self.seen[keys[i]] = _tally_of(z[b : b + 1], refs[i], [t.skipped for t in traces[b]],
                                                [t.length for t in traces[b]], False, self.cost)
@@ -315,8 +318,8 @@ def evaluate_methods(model: ReskipModel, data: Packed, methods: list[Method], wi
                      _scoring: Scoring | None = None) -> dict[str, dict]:
     """Every method on every sequence of `data`, `group` sequences at a time (their references held
     together). A method that reads no signal has its decisions planned first (`policies.plan`) and the
-    group's sequences scored in one batch (`scoring.score_planned`); a sequence already scored with
-    exactly those decisions (by another method: static:2 and a budget of two whole blocks, static and
+    group's sequences scored in one batch and one pass (`scoring.score_planned_whole`); a sequence already
+    scored with exactly those decisions (by another method: static:2 and a budget of two whole blocks, static and
     influence picking the same block) is not scored again: its metrics are reused. A method that reads
     the routers' signal scores the group in one batch too, each row making its own decisions as it goes
     (`scoring.score_rows`; one sequence at a time for a policy that is not `pure`)."""

@@ -15,8 +15,8 @@ spent where it costs least: block n is skipped at the share f_n of the steps whe
 3. Joint measurement: costs are not additive (skipping block 2 changes what block 5 receives and
    what its router reads), so each budget's allocation, and static pruning at the same budget (the
    lowest-cost blocks whole; for a fractional budget the next block at the remaining share, chosen
-   by its signal), runs as a policy exactly as `reskip eval` runs one (a sequence at a time, in
-   chunks, exact cache). An allocation's thresholds are then re-read from the signals seen under
+   by its signal), runs as a policy exactly as `reskip eval` runs one (each sequence deciding from
+   its own signal in chunks with the exact cache; whole blocks, which read no signal, in one pass). An allocation's thresholds are then re-read from the signals seen under
    that allocation and measured once more. The lower measured loss is stored, so on the
    calibration split the budgeted policy is never worse than static pruning at an integer budget.
 """
@@ -35,7 +35,8 @@ from ..losses import ce_sum
 from ..ar_retrofit.model import ReskipModel
 from .calibration import sliding_mean
 from .policy_file import policy_of_allocation
-from .scoring import score_rows
+from .policies import plan
+from .scoring import score_planned_whole, score_rows
 
 LEVELS = (0.25, 0.5, 0.75, 1.0)
 ALWAYS = 1.0 - 1e-9  # a share at or above this: the block is skipped at every step (tau null)
@@ -168,18 +169,24 @@ def blocks_of(shares: dict[int, float], signals: dict[int, torch.Tensor | list[f
 def measure(model: ReskipModel, data: Packed, blocks: dict[str, dict], window: int, chunk_size: int,
             batch_size: int = 4) -> dict:
     """Run an allocation as `reskip eval` runs a policy (`batch_size` sequences per batch, each row making
-    its own decisions in chunks with the exact cache, `scoring.score_rows`): its loss, mean skips per step
-    and the step signals it saw.
+    its own decisions in chunks with the exact cache, `scoring.score_rows`; an allocation of whole blocks
+    reads no signal and runs as one cache-free pass, `scoring.score_planned_whole`): its loss, mean skips
+    per step and the step signals it saw.
 
     (A batched emulation in the cache-free reference mode, deciding block by block in order since
     w_recent(n) depends only on the blocks before n, gave the same frontier to every printed digit on
     the bundled model but cost 1.4x the CPU time of scoring one sequence at a time in chunks: it needs
-    one pass per signal-read block, this one pass in all.)"""
+    one pass per signal-read block, this one pass in all. In bfloat16, with each decision pass stopped
+    after its block, it took as long as the batched chunks, which cost about two whole passes.)"""
     policy = policy_of_allocation(blocks, "budget")
     ce, n_targets, skipped, steps = 0.0, 0, 0, 0
     seen: dict[int, list[float]] = {n: [] for n in policy.eligible if n not in policy.always}
+    planned = plan(policy, model.n_blocks, len(chunk_ends(data.input_ids.shape[1], chunk_size)))
     for ids, labels in data.batches(batch_size):
-        logits, traces = score_rows(model, ids, policy, window, chunk_size)
+        if planned is not None:  # whole blocks, no signal read: one cache-free pass (what the chunks compute)
+            logits, traces = score_planned_whole(model, ids, [planned] * len(ids), chunk_size)
+        else:
+            logits, traces = score_rows(model, ids, policy, window, chunk_size)
         for b, trace in enumerate(traces):  # in sequence order, so the signals are listed as one at a time
             ce += ce_sum(logits[b : b + 1], labels[b : b + 1]).item()
             skipped += sum(len(t.skipped) for t in trace)

@@ -40,6 +40,18 @@ def score(model: ReskipModel, input_ids, policy: SkipPolicy, window: int, chunk_
         return _steps(model, input_ids, chunk_size, attention_mask), list(runtime.trace)
 
 
+def _planned_steps(plans: list[PlannedSkip], B: int, T: int, chunk_size: int):
+    """The steps (j, lo, hi) of B sequences of T tokens in chunks, each with every row's skipped blocks."""
+    if len(plans) != B:
+        raise ValueError(f"{len(plans)} plans for {B} sequences")
+    return [(j, lo, min(T, lo + chunk_size), [p.steps[j] for p in plans])
+            for j, lo in enumerate(range(0, T, chunk_size))]
+
+
+def _traces(steps, B: int) -> list[list[StepTrace]]:
+    return [[StepTrace(j, lo, hi - lo, sorted(rows[b])) for j, lo, hi, rows in steps] for b in range(B)]
+
+
 @torch.no_grad()
 def score_planned(model: ReskipModel, input_ids, plans: list[PlannedSkip], chunk_size: int
                   ) -> tuple[torch.Tensor, list[list[StepTrace]]]:
@@ -51,22 +63,47 @@ def score_planned(model: ReskipModel, input_ids, plans: list[PlannedSkip], chunk
     its K/V there are those of its unchanged input, which is what the exact cache holds). Equal to `score`
     row by row up to float rounding (batched matrix products), which the tests bound."""
     B, T = input_ids.shape
-    if len(plans) != B:
-        raise ValueError(f"{len(plans)} plans for {B} sequences")
+    steps = _planned_steps(plans, B, T, chunk_size)
     cache = DynamicCache() if T > chunk_size else None  # one step: no cache, as `score`
-    parts, traces = [], [[] for _ in range(B)]
-    for j, lo in enumerate(range(0, T, chunk_size)):
-        hi = min(T, lo + chunk_size)
-        rows = [p.steps[j] for p in plans]
+    parts = []
+    for _, lo, hi, rows in steps:
         everywhere = frozenset.intersection(*rows)
         some = sorted(frozenset.union(*rows) - everywhere)
-        masks = {n: torch.tensor([n in r for r in rows])[:, None].expand(B, hi - lo) for n in some}  # (B, chunk)
+        masks = {n: torch.tensor([n in r for r in rows], device=input_ids.device)[:, None].expand(B, hi - lo)
+                 for n in some}  # (B, chunk)
         with model.blocks_skipped(*everywhere), model.skipping_positions(masks):
             out = model(input_ids=input_ids[:, lo:hi], use_cache=cache is not None, **{compat.cache_kwarg(): cache})
         parts.append(out.logits)
+    return torch.cat(parts, dim=1), _traces(steps, B)
+
+
+@torch.no_grad()
+def score_planned_whole(model: ReskipModel, input_ids, plans: list[PlannedSkip], chunk_size: int
+                        ) -> tuple[torch.Tensor, list[list[StepTrace]]]:
+    """`score_planned`'s logits and traces from one cache-free pass over the whole text: the reference that
+    the exact cache is exact against (`ar_retrofit.kv_cache`), block n the identity on row b at the positions
+    of the steps `plans[b]` skips it at. A block every row skips at every step does not run at all. Equal to
+    `score_planned` up to float rounding (the tests bound it); the time is that of one pass of large matrix
+    products instead of one pass per chunk of small ones (in bfloat16 on a CPU, several times less)."""
+    B, T = input_ids.shape
+    steps = _planned_steps(plans, B, T, chunk_size)
+    everywhere = frozenset.intersection(*(r for *_, rows in steps for r in rows))
+    with model.blocks_skipped(*everywhere), \
+            model.skipping_positions(_plan_masks(plans, B, T, chunk_size, input_ids.device, everywhere)):
+        logits = model(input_ids=input_ids, use_cache=False).logits
+    return logits, _traces(steps, B)
+
+
+def _plan_masks(plans: list[PlannedSkip], B: int, T: int, chunk_size: int, device, leave_out=frozenset()
+                ) -> dict[int, torch.Tensor]:
+    """Per block (not in `leave_out`), the (B, T) mask of the positions whose step skips it in that row's plan."""
+    masks: dict[int, torch.Tensor] = {}
+    for _, lo, hi, rows in _planned_steps(plans, B, T, chunk_size):
         for b, r in enumerate(rows):
-            traces[b].append(StepTrace(j, lo, hi - lo, sorted(r)))
-    return torch.cat(parts, dim=1), traces
+            for n in r - leave_out:
+                mask = masks.setdefault(n, torch.zeros(B, T, dtype=torch.bool, device=device))  # (B, T)
+                mask[b, lo:hi] = True
+    return masks
 
 
 @torch.no_grad()
