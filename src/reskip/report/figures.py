@@ -13,6 +13,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.ticker import NullFormatter  # noqa: E402
 import numpy as np  # noqa: E402
 
 from ..train.log import records  # noqa: E402
@@ -276,6 +277,9 @@ def fig_scale(result: dict):
                     if pts:
                         ax.plot(*zip(*pts), ls=ls, color=color, marker=markers[model], ms=5)
         ax.set_xscale("log"); ax.set_xlabel("training tokens"); ax.set_ylabel("perplexity / backbone")
+        # the arms' own token counts as the only ticks (the log axis's minor labels overlap at these spans)
+        ticks = sorted({a["tokens"] for a in arms.values()})
+        ax.set_xticks(ticks, [f"{t / 1e6:.1f}M" for t in ticks]); ax.xaxis.set_minor_formatter(NullFormatter())
         ax.axhline(1.0, color="k", lw=0.5); ax.set_title(f"{split}: ReSkip and its baselines at matched skips", fontsize=9)
     handles = ([Line2D([], [], color=c, label=m) for m, c in colors.items()]
                + [Line2D([], [], color="k", ls=ls, label=f"{b:g} block{'s' if b > 1 else ''} per step")
