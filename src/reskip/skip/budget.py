@@ -16,8 +16,9 @@ spent where it costs least: block n is skipped at the share f_n of the steps whe
    what its router reads), so each budget's allocation, and static pruning at the same budget (the
    lowest-cost blocks whole; for a fractional budget the next block at the remaining share, chosen
    by its signal), runs as a policy exactly as `reskip eval` runs one (each sequence deciding from
-   its own signal in chunks with the exact cache; whole blocks, which read no signal, in one pass). An allocation's thresholds are then re-read from the signals seen under
-   that allocation and measured once more. The lower measured loss is stored, so on the
+   its own signal in chunks with the exact cache; whole blocks, which read no signal, in one pass).
+   An allocation's thresholds are then re-read from the signals seen under that allocation and
+   measured once more. The lower measured loss is stored, so on the
    calibration split the budgeted policy is never worse than static pruning at an integer budget.
 """
 

@@ -88,17 +88,17 @@ def score_planned_whole(model: ReskipModel, input_ids, plans: list[PlannedSkip],
     B, T = input_ids.shape
     steps = _planned_steps(plans, B, T, chunk_size)
     everywhere = frozenset.intersection(*(r for *_, rows in steps for r in rows))
-    with model.blocks_skipped(*everywhere), \
-            model.skipping_positions(_plan_masks(plans, B, T, chunk_size, input_ids.device, everywhere)):
+    masks = _step_masks(steps, B, T, input_ids.device, leave_out=everywhere)  # block -> (B, T)
+    with model.blocks_skipped(*everywhere), model.skipping_positions(masks):
         logits = model(input_ids=input_ids, use_cache=False).logits
     return logits, _traces(steps, B)
 
 
-def _plan_masks(plans: list[PlannedSkip], B: int, T: int, chunk_size: int, device, leave_out=frozenset()
-                ) -> dict[int, torch.Tensor]:
-    """Per block (not in `leave_out`), the (B, T) mask of the positions whose step skips it in that row's plan."""
+def _step_masks(steps, B: int, T: int, device, leave_out=frozenset()) -> dict[int, torch.Tensor]:
+    """Per block (not in `leave_out`), the (B, T) mask of the positions whose step skips it on that row
+    (`steps` from `_planned_steps`)."""
     masks: dict[int, torch.Tensor] = {}
-    for _, lo, hi, rows in _planned_steps(plans, B, T, chunk_size):
+    for _, lo, hi, rows in steps:
         for b, r in enumerate(rows):
             for n in r - leave_out:
                 mask = masks.setdefault(n, torch.zeros(B, T, dtype=torch.bool, device=device))  # (B, T)
