@@ -2,7 +2,8 @@
 
 The upper bound of what compiling could gain inside reskip's inference stages: the bare backbone, no
 side-channel between its layers. Times, in order, eager; then each decoder layer compiled; then (on a
-fresh copy of the model) the whole body compiled (shapes made dynamic on the first recompile, as by default). Two passes kinds per mode:
+fresh copy of the model) the whole body compiled (shapes made dynamic on the first recompile, as by
+default). Two pass kinds per mode:
   whole   - one pass over (B, T) tokens, no cache (as A(n) and the planned methods score);
   steps   - T tokens in steps of `--step` with the KV cache (as the signal's chunked scoring runs).
 Minimum of `--repeats` calls after two warm-up calls (compile time is reported apart). Prints one JSON line.
@@ -20,7 +21,7 @@ import torch
 import torch._dynamo
 from transformers import DynamicCache
 
-from reskip import load_backbone
+from reskip import compat, load_backbone
 from reskip.backbones.dtypes import resolve_dtype_name
 
 
@@ -33,9 +34,9 @@ def pass_kinds(model, ids: torch.Tensor, step: int) -> dict:
 
     def steps():
         with torch.inference_mode():
-            cache = DynamicCache()
+            cache = {compat.cache_kwarg(): DynamicCache()}
             for a in range(0, ids.shape[1], step):
-                out = model(ids[:, a:a + step], past_key_values=cache, use_cache=True)
+                out = model(ids[:, a:a + step], use_cache=True, **cache)
             return out.logits
 
     return {"whole": whole, "steps": steps}
@@ -77,14 +78,14 @@ def main(argv=None):
     ids = torch.randint(0, len(tok), (args.batch, args.seq_len))
     result = {"dtype": dtype, "batch": args.batch, "seq_len": args.seq_len, "step": args.step}
     result["eager"] = time_kinds(pass_kinds(model, ids, args.step), args.repeats)
-    for layer in model.model.layers:
+    for layer in compat.decoder_layers(model):
         layer.compile()
     result["layers_compiled"] = time_kinds(pass_kinds(model, ids, args.step), args.repeats)
 
     torch._dynamo.reset()
     model, _ = load_backbone(args.model, dtype)
     model.eval()
-    model.model.compile()
+    compat.decoder_body(model).compile()
     result["body_compiled"] = time_kinds(pass_kinds(model, ids, args.step), args.repeats)
     for mode in ("layers_compiled", "body_compiled"):
         for kind in ("whole", "steps"):
