@@ -24,7 +24,7 @@ STAGES = {
     "reskip.data": 3,
     "reskip.train": 4,
     "reskip.skip": 5,
-    "reskip.evaluate": 6,
+    "reskip.evaluate": 6, "reskip.baselines": 6,
     "reskip.report": 7,
     "reskip.pipeline": 8, "reskip.experiments": 8, "reskip.lab": 8,
     "reskip.cli": 9,

@@ -107,6 +107,14 @@ BAD = [
     (["run", "--block-size", "1000", "--model", "{model}", "--out", "{tmp}/r"], "at least two blocks"),
     (["run", "--model", MISSING, "--out", "{tmp}/r"], "cannot find model"),
     (["run", "--resume", MISSING], "not a pipeline run folder"),
+    (["export", MISSING, "--out", "{tmp}/x"], "not a finished baseline run"),
+    (["export", "{run}", "--out", "{tmp}/x"], "not a finished baseline run"),
+    (["experiment", "baselines", "--model", "{model}", "--lrs", "0", "--out", "{tmp}/e"], "--lrs"),
+    (["experiment", "baselines", "--model", "{model}", "--arms", "dora", "--out", "{tmp}/e"], "no method 'dora'"),
+    (["generate", "hi", "--adapter", MISSING, "--policy", "reskip:budget=1:hold"], ":held"),
+    (["calibrate", "--adapter", "{run}", "--budgets", "1e400"], "--budgets"),
+    (["train", "--out", "{files}/latin1.json/sub"], "is a file, not a folder"),
+    (["train", "--config", "{files}/aliases.yaml", "--out", "{tmp}/t"], "aliases"),
 ]
 
 
@@ -145,6 +153,7 @@ def bad_files(tmp_path_factory, trained_run):
     (d / "latin1.yaml").write_bytes("lr: 1e-3\nname: caf\u00e9\n".encode("latin-1"))
     (d / "latin1.jsonl").write_bytes('{"text": "caf\u00e9 w5 w6"}\n'.encode("latin-1"))
     (d / "latin1.json").write_bytes('{"a": "caf\u00e9"}'.encode("latin-1"))
+    (d / "aliases.yaml").write_text("a: &a [1, 1, 1, 1]\nb: &b [*a, *a, *a, *a]\nc: [*b, *b, *b, *b]\n")
     assert main(["calibrate", "--adapter", str(trained_run), "--sequences", "4", "--delta", "100", "--budgets", "none",
                  "--out", str(d / "policy.json")]) == 0
     policy = (d / "policy.json").read_text()
@@ -232,3 +241,36 @@ def test_a_run_folder_has_an_identity(tmp_path, capsys):
     assert main(["calibrate", "--adapter", str(run), "--sequences", "4", "--delta", "100", "--budgets", "none"]) == 0
     assert "replacing" in capsys.readouterr().out
     assert main(["generate", "--adapter", str(run), "w5 w6", "--max-new-tokens", "2"]) == 0
+
+
+@pytest.mark.parametrize("error,word,code", [(OSError(28, "No space left on device", "/runs/x/adapter"),
+                                               "No space left on device (/runs/x/adapter)", 2),
+                                              (KeyboardInterrupt(), "interrupted", 130)])
+def test_os_errors_and_ctrl_c_are_one_line(error, word, code, monkeypatch, capsys):
+    """What the OS or the user throws mid-command: one line, no traceback; Ctrl-C exits 130."""
+    import reskip.cli.backbone as backbone
+
+    def fail(args):
+        raise error
+
+    monkeypatch.setattr(backbone, "cmd_params", fail)
+    assert main(["params", "--backbone", "Qwen3-4B", "--rank", "8"]) == code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and word in err[0] and "Traceback" not in err[0]
+
+
+def test_written_files_follow_the_umask(tmp_path):
+    """Atomic writes (a temp file, then a rename) leave files 0644 and folders 0755 under umask 022, not the
+    0600 / 0700 of their temporaries, so a run can be read by whom the user's umask allows."""
+    import os
+
+    from reskip.io_atomic import atomic_folder, atomic_write_json
+
+    old = os.umask(0o022)
+    try:
+        atomic_write_json(tmp_path / "a.json", {"x": 1})
+        atomic_folder(tmp_path / "f", lambda tmp: (tmp / "w").write_text("w"))
+    finally:
+        os.umask(old)
+    assert (tmp_path / "a.json").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "f").stat().st_mode & 0o777 == 0o755

@@ -11,7 +11,7 @@ from reskip.skip.calibration import calibrate, sliding_mean
 from reskip.cli import main
 from reskip.skip.policy_file import PolicyError, PolicyFile, make_policy
 from reskip.skip.policies import NoSkip, RandomSkip, ReSkip, StaticSkip
-from reskip.skip.spec import parse_spec
+from reskip.skip.spec import SpecError, parse_spec
 
 
 def test_sliding_mean_is_the_causal_window_mean():
@@ -134,3 +134,45 @@ def test_calibrate_refuses_bad_flags_before_loading(tiny_run_folder, capsys):
     assert main(["calibrate", "--adapter", str(tiny_run_folder), "--window", "0"]) == 2
     assert "--window" in capsys.readouterr().err
     assert main(["calibrate", "--adapter", str(tiny_run_folder), "--quantile", "1.5"]) == 2
+
+
+def test_a_held_budget_keeps_its_rate_where_fixed_thresholds_drift():
+    """Calibrated on w_recent ~ U(0, 1) to skip block 4 at a quarter of the steps: on a source whose w_recent
+    runs higher (U(0.3, 1.3)) the fixed threshold skips about half the steps, the held one a quarter once its
+    window has turned over; on the calibration's own distribution both skip a quarter."""
+    import random
+
+    from reskip.skip.policies import HeldReSkip, ReSkip
+
+    grid = [i / 100 for i in range(101)]
+    rng = random.Random(0)
+
+    def rate(policy, shift, n=4000):
+        return sum(policy.skip(4, rng.random() + shift, 0, j) for j in range(n)) / n
+
+    fixed = ReSkip(tau={4: 0.75}, eligible={4}, max_skips=1)
+    assert rate(fixed, 0.0) == pytest.approx(0.25, abs=0.03)
+    assert rate(fixed, 0.3) == pytest.approx(0.55, abs=0.03)
+    held = HeldReSkip(tau={4: 0.75}, eligible={4}, max_skips=1, share={4: 0.25}, seed_values={4: grid}, span=256)
+    assert rate(held, 0.0) == pytest.approx(0.25, abs=0.03)
+    assert rate(held, 0.3) == pytest.approx(0.25, abs=0.03)
+    assert not held.pure and held.reads_signal(4) and not held.skip(4, 9.0, 1, 0)  # the per-step cap still holds
+
+
+def test_held_budget_specs_parse_and_build_from_the_frontier(tiny_policy):
+    from reskip.skip.policies import HeldReSkip
+
+    spec = parse_spec("reskip:budget=1:held")
+    assert spec.budget == 1.0 and spec.held and not parse_spec("reskip:budget=1").held
+    for bad in ("reskip:budget=1:hold", "reskip:budget=1:held:2"):
+        with pytest.raises(SpecError):
+            parse_spec(bad)
+    _, pf, _ = tiny_policy
+    pf = PolicyFile(json.loads(json.dumps(pf.data)))
+    pf.data["budgets"] = {"frontier": [{"budget": 1.0, "blocks": {"2": {"fraction": 0.5, "tau": 0.3},
+                                                                  "3": {"fraction": 1.0, "tau": None}}}]}
+    held = make_policy(spec, pf)
+    assert isinstance(held, HeldReSkip) and held.name == "reskip:budget=1:held"
+    fixed = pf.budget(1.0)
+    assert held.tau == fixed.tau == {2: 0.3} and held.always == fixed.always == {3} and held.share == {2: 0.5}
+    assert list(held.recent[2]) == pf.blocks[2]["w_recent_quantiles"]  # the window starts as calibration's

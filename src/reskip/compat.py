@@ -99,3 +99,26 @@ def output_head(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None, fl
     as the family's own forward computes them (Gemma's soft-cap where its config sets one)."""
     head = model.get_output_embeddings()
     return head.weight, head.bias, getattr(model.config, "final_logit_softcapping", None)
+
+
+def remove_layers(model: nn.Module, drop: set[int]) -> None:
+    """Remove the decoder layers whose indices are in `drop`, in place, so that the model is the smaller
+    architecture its config then describes (what `save_pretrained` writes and `AutoModelForCausalLM` loads).
+
+    The kept layers are renumbered: each attention's `layer_idx` indexes the KV cache, and a gap there breaks
+    `DynamicCache.update`. Per-layer config lists (`layer_types`: Gemma-3's sliding and full layers, Qwen's
+    sliding windows) are cut to match, so every family builds each kept layer's own mask again."""
+    layers = decoder_layers(model)
+    kept = [layer for i, layer in enumerate(layers) if i not in drop]
+    if not kept or any(not 0 <= i < len(layers) for i in drop):
+        raise ValueError(f"cannot remove layers {sorted(drop)} of {len(layers)}")
+    for new, layer in enumerate(kept):
+        for module in layer.modules():
+            if hasattr(module, "layer_idx"):
+                module.layer_idx = new
+    config = model.config
+    types = getattr(config, "layer_types", None)
+    if types is not None:
+        config.layer_types = [t for i, t in enumerate(types) if i not in drop]
+    config.num_hidden_layers = len(kept)
+    model.model.layers = nn.ModuleList(kept)

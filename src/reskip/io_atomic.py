@@ -11,6 +11,18 @@ from pathlib import Path
 from typing import Callable
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _as_created(path, mode: int) -> None:
+    """mkstemp and mkdtemp make 0600 files and 0700 folders; what they become is made with the user's umask,
+    like any file a program writes (so others can read a run where the umask lets them)."""
+    os.chmod(path, mode & ~_umask())
+
+
 def atomic_write(path: Path, write: Callable[[str], None]) -> None:
     """Call write(tmp_path), then move tmp_path onto `path`; on failure `path` is left as it was."""
     path = Path(path)
@@ -19,6 +31,7 @@ def atomic_write(path: Path, write: Callable[[str], None]) -> None:
     os.close(fd)
     try:
         write(tmp)
+        _as_created(tmp, 0o666)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -48,6 +61,7 @@ def atomic_folder(path: Path, write: Callable[[Path], None]) -> Path:
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
     try:
         write(tmp)
+        _as_created(tmp, 0o777)
         old = None
         if path.exists():
             old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".old"))

@@ -5,14 +5,15 @@ and the library never imports it. Building the parser imports no torch (`reskip 
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 from ..errors import ReskipError
-from . import backbone, evaluate, experiment, lab, report, run, skip, train
+from . import backbone, evaluate, experiment, export, lab, report, run, skip, train
 from .common import Parser
 
-COMMAND_GROUPS = (backbone, train, skip, evaluate, report, run, experiment, lab)
+COMMAND_GROUPS = (backbone, train, skip, evaluate, report, run, experiment, export, lab)
 
 
 def build_parser() -> Parser:
@@ -31,6 +32,13 @@ def main(argv: list[str] | None = None) -> int:
     except ReskipError as e:
         print(f"reskip: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # a full disk, a read-only folder, a path through a file: one line naming the path
+        where = f" ({e.filename})" if e.filename else ""
+        print(f"reskip: error: {e.strerror or e}{where}; the files written before it are intact", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("reskip: interrupted; a training run resumes from its last checkpoint with --resume", file=sys.stderr)
+        return 130
 
 
 FILE_OUTS = ("calibrate", "diagnose")  # commands whose --out is a file; every other --out is a folder
@@ -43,6 +51,13 @@ def check_out(args) -> None:
     if not out:
         return
     path = Path(out)
+    for parent in path.parents:  # the first ancestor that exists must be a folder this process can write into
+        if parent.exists():
+            if not parent.is_dir():
+                raise ReskipError(f"--out {path}: {parent} is a file, not a folder")
+            if not os.access(parent, os.W_OK):
+                raise ReskipError(f"--out {path}: cannot write into {parent} (permission denied)")
+            break
     if args.command in FILE_OUTS and path.is_dir():
         raise ReskipError(f"--out {path} is a folder: give a file's path (e.g. {path / 'policy.json'})")
     if args.command not in FILE_OUTS and path.exists() and not path.is_dir():

@@ -16,7 +16,7 @@ def experiment_options(args) -> ExperimentOptions:
     return ExperimentOptions(name=args.name, preset=args.preset, model=args.model, data=args.data or ["default"],
                              out=args.out, seed=args.seed, overrides=overrides, calib_sequences=args.calib_sequences,
                              test_sequences=args.test_sequences, boundaries=boundaries, budget_bytes=args.budget_bytes,
-                             context=args.context, dtype_bytes=args.dtype_bytes, dtype=args.dtype, arms=args.arms,
+                             context=args.context, dtype_bytes=args.dtype_bytes, dtype=args.dtype, arms=args.arms, lrs=args.lrs,
                              quiet=args.quiet)
 
 
@@ -35,8 +35,9 @@ def cmd_experiment(args) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("experiment", help="rerun a source document's claim on your backbone: variants, block-size, "
-                                          "mix, placement; or scale: the main job at 1x, 4x and 10x the standard "
-                                          "training tokens (results.json + results.md with verdicts)")
+                                          "mix, placement; scale: the main job at 1x, 4x and 10x the standard "
+                                          "training tokens; baselines: the recipe beside a parameter-matched LoRA "
+                                          "and LoRA-healed static pruning (results.json + results.md with verdicts)")
     p.add_argument("name", choices=EXPERIMENTS)
     p.add_argument("--preset", choices=PRESETS, default="quick",
                    help="the training budget of every arm (the pipeline's presets; default quick; `scale`'s arms "
@@ -62,6 +63,9 @@ def register(sub) -> None:
                    help="placement: the depth-state budget (default 256 MiB, the second source document's)")
     p.add_argument("--context", type=int, default=None,
                    help="placement: your context length (default the model's, at most 8192)")
+    p.add_argument("--lrs", nargs="+", type=float, default=None, metavar="LR",
+                   help="baselines: the learning rates every method is trained at, the best on validation kept "
+                        "(default: 0.5, 1 and 2 x the recipe's)")
     p.add_argument("--dtype-bytes", type=int, default=2, help="placement: bytes per state value (default 2, bf16)")
     dtype_flag(p)
     p.add_argument("--quiet", action="store_true")

@@ -11,7 +11,9 @@ and results.md. This module owns the schema of results.json:
                      top1_agreement
     heldout:         (with `heldout` data) data, test_split, sequences, methods, frontier: the same methods
                      (the matched ones included, by name) on a source kept out of training and
-                     calibration, with the policy calibrated on the run's data: the policy's drift
+                     calibration, with the policy calibrated on the run's data: the policy's drift;
+                     with `matched` among the methods, also static, influence and random at the
+                     skips each ReSkip point measures there (compared at the compute it spends)
 """
 
 from __future__ import annotations
@@ -95,13 +97,16 @@ def evaluate_run(run, options: EvalOptions = EvalOptions()) -> tuple[dict, Path]
     }
     if options.heldout:
         held = pack(tok, heldout_splits["test"], seq_len, options.sequences, seed=0)
-        # the same methods by name, the matched ones included (already expanded in `results`)
-        held_methods = parse_methods(parse_specs(list(results), METHOD_KINDS), policy_file, options.seed)
+        # the same methods by name, the matched ones included (already expanded in `results`), and static,
+        # influence and random matched anew at the skips each ReSkip point measures on this source (its
+        # thresholds drift there: compared at the compute it actually spends)
+        again = list(results) + (["matched"] if any(s.kind == "matched" for s in options.methods) else [])
+        held_methods = parse_methods(parse_specs(again, METHOD_KINDS), policy_file, options.seed)
         print(f"[eval] {len(held_methods)} methods on {len(held)} held-out sequences ({', '.join(options.heldout)})",
               flush=True)
         held_results = run_methods(held, held_methods, "eval held-out")
         for name, r in held_results.items():
-            if results[name].get("matched"):
+            if name in results and results[name].get("matched"):
                 r["matched"] = True
         out["heldout"] = {"data": list(options.heldout), "test_split": heldout_record["splits"]["test"],
                           "sequences": len(held), "methods": held_results,

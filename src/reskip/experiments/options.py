@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-EXPERIMENTS = ("variants", "block-size", "mix", "placement", "scale")
+EXPERIMENTS = ("variants", "block-size", "mix", "placement", "scale", "baselines")
 # The second source document's instance: 48 layers of d = 4096 at 4,096 tokens in bf16, 256 MiB of depth states.
 SOURCE_BUDGET_BYTES = 256 * 2**20
 
@@ -19,7 +19,8 @@ class ExperimentOptions:
     arms: run only these arms now (names or their folder slugs; `scale`: presets; None: every arm). results.json is written
         once every arm of the experiment has finished, in this process or another sharing `out`.
     budget_bytes / context / dtype_bytes: `placement`'s memory budget and the user's model's context
-        (None: its max_position_embeddings, capped at 8,192) and state width in bytes."""
+        (None: its max_position_embeddings, capped at 8,192) and state width in bytes.
+    lrs: `baselines`' learning-rate sweep, the same for every method (None: 0.5, 1 and 2 x the recipe's lr)."""
 
     name: str = "variants"
     preset: str = "quick"
@@ -35,5 +36,6 @@ class ExperimentOptions:
     budget_bytes: int = SOURCE_BUDGET_BYTES
     context: int | None = None
     dtype_bytes: int = 2
+    lrs: list[float] | None = None  # baselines: the learning-rate sweep of every method (None: 0.5, 1, 2 x the recipe's)
     dtype: str = "auto"  # the backbone's compute dtype in every arm (auto: bfloat16 where the hardware is fast)
     quiet: bool = False

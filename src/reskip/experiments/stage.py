@@ -20,7 +20,7 @@ from ..pipeline import PRESETS, PipelineConfig
 from ..runs import RunFolder
 from ..train.config import TrainConfig
 from ..train.loop import check_against_backbone
-from . import block_size, mix, placement, scale, variants
+from . import baselines, block_size, mix, placement, scale, variants
 from .arms import ARM_FILE, Measure, finished_twin, run_arm
 from .options import EXPERIMENTS, ExperimentOptions
 from .record import write
@@ -50,8 +50,8 @@ def run_experiment(options: ExperimentOptions, show=print) -> Path | None:
             raise ReskipError("`placement` has no arms (it trains nothing): drop --arms")
         base = _base(options, check=False)
         result = placement.run(options, base, _header(options, base), show)
-    elif options.name == "scale":  # every arm is a whole pipeline run at one preset's budget
-        result = scale.run(options, folder, show)
+    elif options.name in ("scale", "baselines"):  # arms that are whole runs of their own kind
+        result = {"scale": scale, "baselines": baselines}[options.name].run(options, folder, show)
         if result is None:
             return None
     else:

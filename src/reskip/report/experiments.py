@@ -8,7 +8,7 @@ import html
 from pathlib import Path
 
 from ..reading import read_json
-from .figures import fig_experiment_curves, fig_scale
+from .figures import fig_baselines, fig_experiment_curves, fig_scale
 from .tables import html_table, markdown_table
 
 
@@ -31,13 +31,15 @@ def experiment_sections(folder: Path) -> list[tuple]:
                      "mean R^2 (copy)": p["mean_r2_copy"]}
                     for label, s in r["settings"].items() for name, p in s["placements"].items()]
             body += html_table(rows, list(rows[0]))
-        for heading, rows in r.get("tables", {}).items() if r.get("scale_arms") else ():
+        for heading, rows in r.get("tables", {}).items() if r.get("scale_arms") or r.get("rows") else ():
             body += f"<h3>{html.escape(heading)}</h3>" + markdown_table(rows)
         if r.get("verdict"):
             body += f"<p><b>Verdict:</b> {html.escape(r['verdict'])}</p>"
         body += f"<p>Files: {html.escape(str(path.parent))} (results.json, results.md).</p>"
         if r.get("scale_arms"):
             out.append((*fig_scale(r), body))
+        elif r.get("rows"):  # baselines
+            out.append((*fig_baselines(r), body))
         elif r.get("arms"):
             fig_title, png, caption = fig_experiment_curves(r)
             out.append((fig_title, png, caption, body))

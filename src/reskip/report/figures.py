@@ -304,3 +304,36 @@ def fig_scale(result: dict):
                "hindsight oracle's headroom over random captured by alpha (signal), by a probe fitted on what exists "
                "before the block runs, and by skipping the latest positions. One seed per arm.")
     return "Experiment scale", _png(fig), caption
+
+
+def fig_baselines(result: dict):
+    """`reskip experiment baselines`: perplexity / backbone against blocks skipped per step, every method, on the
+    test split and kjv."""
+    rows = result["rows"]
+    style = {"backbone": ("black", "o"), "retrofit": ("tab:blue", "s"), "lora": ("tab:green", "s"),
+             "reskip": ("tab:blue", "D"), "static": ("tab:orange", "^"), "pruned": ("tab:gray", "x"),
+             "healed-static": ("tab:green", "v")}
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, split in zip(axes, ("test", "kjv")):
+        families: dict[str, list] = {}
+        for name, r in rows.items():
+            family = name.split(":")[0]
+            families.setdefault(family, []).append((r["blocks_skipped"][split], r["ppl_ratio"][split], name))
+        for family, pts in families.items():
+            color, marker = style.get(family, ("tab:purple", "o"))
+            pts.sort()
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, color=color, label=family,
+                    ls="-" if len(pts) > 1 else "none")
+        ax.axhline(1.0, color="black", lw=0.6, ls=":")
+        ax.set_xlabel("blocks skipped per step (measured)")
+        ax.set_ylabel("perplexity / backbone")
+        ax.set_yscale("log")
+        ax.set_title(f"{split}: quality against compute")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), bbox_to_anchor=(0.5, -0.06), frameon=False)
+    caption = ("Perplexity against the backbone's (log scale) at the blocks each method skips per step, measured on "
+               "the test split and on kjv (no stage trained or calibrated on it): the retrofit and its ReSkip budgets "
+               "and static pruning with the learned shortcut, a LoRA of the same trainable parameters, the cheapest "
+               "blocks removed without healing (pruned) and healed by that LoRA. One seed, 16 sequences per split: "
+               "the intervals of the differences are in the table, not in the figure.")
+    return "Baselines: quality against compute", _png(fig), caption

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections import deque
 from dataclasses import dataclass, field
 
 from .runtime import SkipRuntime
@@ -74,6 +75,40 @@ class ReSkip(SkipPolicy):
         if self.always:
             out["always"] = sorted(self.always)
         return out
+
+
+@dataclass
+class HeldReSkip(ReSkip):
+    """A budgeted ReSkip whose rate is held online: block n's threshold is, at every decision, the quantile
+    1 - f_n of the last `span` values of w_recent(n) it saw (f_n: the share of steps the calibration allocated
+    to n), so n is skipped at about that share of steps whatever the input's distribution of w_recent: in
+    token-by-token decode (steps of one token where calibration measured 32) and on another source, where the
+    fixed thresholds drift. The window starts as the calibration's distribution (its quantile grid), so the
+    first decisions are the calibrated ones; it is shared by every sequence this policy decides (a deployment's
+    stream), so it is not `pure`."""
+
+    share: dict[int, float] = field(default_factory=dict)
+    seed_values: dict[int, list[float]] = field(default_factory=dict)
+    span: int = 256
+    pure = False
+
+    def __post_init__(self):
+        self.recent = {n: deque(self.seed_values.get(n, ()), maxlen=self.span) for n in self.tau}
+
+    def skip(self, n, w_recent, skipped_so_far, step):
+        if n not in self.eligible or skipped_so_far >= self.max_skips:
+            return False
+        if n in self.always:
+            return True
+        seen = self.recent[n]
+        seen.append(w_recent)
+        # the smallest value above which a share f_n of the window lies: skip when this one is among them
+        k = max(1, math.ceil(self.share[n] * len(seen)))
+        return self.share[n] > 0 and w_recent >= sorted(seen)[-k]
+
+    def describe(self):
+        return {**super().describe(), "held": {"share": {str(n): f for n, f in sorted(self.share.items())},
+                                               "span": self.span}}
 
 
 @dataclass

@@ -21,7 +21,7 @@ from ..io_atomic import atomic_write_json
 from ..reading import read_json
 from ..ar_retrofit.adapter_io import fingerprint
 from ..ar_retrofit.model import ReskipModel
-from .policies import NoSkip, RandomSkip, ReSkip, SkipPolicy, StaticSkip
+from .policies import HeldReSkip, NoSkip, RandomSkip, ReSkip, SkipPolicy, StaticSkip
 from .spec import GRAMMAR, PolicyError, Spec
 
 FORMAT_VERSION = 1
@@ -168,8 +168,9 @@ class PolicyFile:
     def budgets(self) -> list[float]:
         return [p["budget"] for p in self.data.get("budgets", {}).get("frontier", [])]
 
-    def budget(self, b: float) -> ReSkip:
-        """reskip:budget=B - the frontier point stored for budget B (blocks skipped per step on average)."""
+    def budget(self, b: float, held: bool = False) -> ReSkip:
+        """reskip:budget=B - the frontier point stored for budget B (blocks skipped per step on average);
+        `held`: its rate held online (`policies.HeldReSkip`), the thresholds starting at the calibration's."""
         points = {p["budget"]: p for p in self.data.get("budgets", {}).get("frontier", [])}
         if not points:
             raise PolicyError(f"{self.path or 'this policy'} has no budget frontier: run "
@@ -179,7 +180,13 @@ class PolicyFile:
             have = ", ".join(f"{v:g}" for v in sorted(points))
             raise PolicyError(f"no budget {b:g} in the policy's frontier (it has {have}); pick one of those or "
                               "recalibrate with `reskip calibrate --budgets ...`")
-        return policy_of_allocation(match[0]["blocks"], f"reskip:budget={b:g}")
+        fixed = policy_of_allocation(match[0]["blocks"], f"reskip:budget={b:g}")
+        if not held:
+            return fixed
+        share = {int(n): blk["fraction"] for n, blk in match[0]["blocks"].items() if int(n) in fixed.tau}
+        grids = {n: self.blocks[n].get("w_recent_quantiles") or [fixed.tau[n]] for n in share}
+        return HeldReSkip(tau=fixed.tau, eligible=fixed.eligible, max_skips=fixed.max_skips,
+                          name=f"reskip:budget={b:g}:held", always=fixed.always, share=share, seed_values=grids)
 
     def make(self, spec: Spec, seed: int = 0) -> SkipPolicy:
         """The policy a parsed spec names (`spec.parse_spec`), from this file."""
@@ -223,7 +230,7 @@ def make_policy(spec: Spec, policy: PolicyFile | None, seed: int = 0) -> SkipPol
     if policy is None:
         raise PolicyError(f"policy {spec.text!r} needs a calibrated policy.json (run `reskip calibrate`)")
     if spec.kind == "reskip" and spec.budget is not None:
-        return policy.budget(spec.budget)
+        return policy.budget(spec.budget, spec.held)
     if spec.kind == "reskip":
         return policy.reskip(spec.quantile, spec.max_skips)
     if spec.kind == "static":

@@ -7,6 +7,9 @@
     reskip:Q:M           ... and at most M blocks skipped per step             (M >= 0)
     reskip:budget=B      the budgeted thresholds for B blocks skipped per step on average, one
                          point of the frontier that `reskip calibrate --budgets` stored
+    reskip:budget=B:held the same point with its rate held online: each block's threshold is the
+                         running quantile of its recent w_recent that skips the calibrated share of
+                         steps, so the mean skips stay at B on any input (decode, another source)
     static:K             the K eligible blocks of lowest ablation cost A(n), at every step; a
                          fractional K (1.5) mixes k and k + 1 blocks across steps (the (k+1)-th
                          block at an evenly spread share K - k of the steps)
@@ -28,7 +31,7 @@ from ..errors import ReskipError
 
 POLICY_KINDS = ("none", "reskip", "static", "influence", "random")
 METHOD_KINDS = ("backbone", "retrofit", "matched", "budgets", *POLICY_KINDS)
-GRAMMAR = "none, reskip[:Q[:M]], reskip:budget=B, static:K, influence:K, random:P"
+GRAMMAR = "none, reskip[:Q[:M]], reskip:budget=B[:held], static:K, influence:K, random:P"
 METHOD_GRAMMAR = "backbone, retrofit, matched, budgets, " + GRAMMAR
 
 
@@ -51,6 +54,7 @@ class Spec:
     k: float | None = None  # static, influence (an int unless fractional)
     p: float | None = None  # random
     budget: float | None = None  # reskip:budget=B
+    held: bool = False  # reskip:budget=B:held
     path: str | None = None  # reskip read from this policy file
 
     @property
@@ -84,10 +88,10 @@ def parse_spec(text: str, kinds: tuple[str, ...] = POLICY_KINDS, allow_path: boo
         return Spec(kind, text)
     if kind == "reskip":
         if args and args[0].startswith("budget="):
-            if len(args) > 1:
-                raise SpecError(f"reskip:budget=B takes no further arguments, got {text!r}")
+            if len(args) > 2 or (len(args) == 2 and args[1] != "held"):
+                raise SpecError(f"reskip:budget=B takes at most ':held' after it, got {text!r}")
             b = _number(args[0][len("budget="):], float, "budget B", text, 0.0)
-            return Spec(kind, text, budget=b)
+            return Spec(kind, text, budget=b, held=len(args) == 2)
         if len(args) > 2:
             raise SpecError(f"reskip takes at most reskip:Q:M, got {text!r}")
         q = _number(args[0], float, "quantile Q", text, 0.0, 1.0) if args and args[0] else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -27,7 +28,7 @@ def check_options(o: CalibrateOptions) -> None:
         check_range(flag, value, lo, hi)
     resolve_dtype_name(o.dtype)  # an unknown name fails here
     for b in o.budgets:
-        if not (isinstance(b, (int, float)) and b > 0 and b == b):
+        if not (isinstance(b, (int, float)) and b > 0 and math.isfinite(b)):
             raise ReskipError(f"--budgets: every budget must be a number > 0 (blocks skipped per step), got {b!r}")
 
 

@@ -16,7 +16,15 @@ from ..config_fields import described
 
 class _Yaml12Loader(yaml.SafeLoader):
     """PyYAML's safe loader, reading numbers as YAML 1.2 and JSON do: in YAML 1.1 a float needs a dot, so
-    `1e-3` would be the string '1e-3' (and `lr: 1e-3` refused as not a number)."""
+    `1e-3` would be the string '1e-3' (and `lr: 1e-3` refused as not a number). Aliases (`*name`) are refused:
+    a config needs none, and a few hundred bytes of nested aliases expand to gigabytes."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.events.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(None, None, "aliases (*name) are not allowed in a reskip config",
+                                              event.start_mark)
+        return super().compose_node(parent, index)
 
 
 _Yaml12Loader.add_implicit_resolver(

@@ -1,0 +1,77 @@
+"""Static pruning of the frozen backbone, as a user would do it before healing: rank the blocks by what
+removing each costs on the calibration split, drop the cheapest, and keep a plain model of fewer layers.
+
+The ranking is the backbone's own (no side-channel): the retrofit at c = 0 *is* the backbone bit for bit, so its
+calibration pass with the identity skip path measures A(n) = ppl(block n removed) / ppl(backbone) and
+ShortGPT's block influence (mean cos(input, output) of the block) in one pass per block.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from torch import nn
+
+from .. import compat
+from ..ar_retrofit.blocks import retrofit_blocks
+from ..ar_retrofit.config import RetrofitConfig
+from ..ar_retrofit.model import retrofit
+from ..data.packing import Packed
+from ..errors import ReskipError
+from ..skip.calibration import measure_blocks
+
+
+@dataclass
+class BlockCosts:
+    """The backbone's blocks (layer indices per block) and, per block n (1-based), A(n) and cos(x_n, h_n)."""
+
+    blocks: list[list[int]]
+    A: dict[int, float]
+    cos_in_out: dict[int, float]
+
+    def middle(self) -> list[int]:
+        """The blocks static pruning may drop: every block but the first and the last (the retrofit's skip branch
+        draws from the same set)."""
+        return list(range(2, len(self.blocks)))
+
+    def cheapest(self, k: int) -> list[int]:
+        """The k middle blocks of lowest A(n), sorted."""
+        ranked = sorted(self.middle(), key=lambda n: self.A[n])
+        if k > len(ranked):
+            raise ReskipError(f"cannot drop {k} blocks: the model has {len(ranked)} middle blocks")
+        return sorted(ranked[:k])
+
+    def most_similar(self, k: int) -> list[int]:
+        """ShortGPT's choice: the k middle blocks whose output is most like their input."""
+        return sorted(sorted(self.middle(), key=lambda n: -self.cos_in_out[n])[:k])
+
+    def layers_of(self, blocks: list[int]) -> set[int]:
+        return {layer for n in blocks for layer in self.blocks[n - 1]}
+
+    def to_dict(self) -> dict:
+        return {"blocks": self.blocks, "A": {str(n): a for n, a in self.A.items()},
+                "cos_in_out": {str(n): c for n, c in self.cos_in_out.items()}}
+
+
+def backbone_block_costs(model: nn.Module, data: Packed, block_size: int, boundaries: list[int] | None = None,
+                         batch_size: int = 4, progress=None) -> BlockCosts:
+    """A(n) and cos(x_n, h_n) of the backbone's blocks on `data` (the calibration split). The model is wrapped
+    for the measurement and given back unwrapped."""
+    n_layers = len(compat.decoder_layers(model))
+    wrapped = retrofit(model, RetrofitConfig(block_size=block_size, boundaries=boundaries, skip_path="identity"))
+    try:
+        wrapped.set_curriculum(0.0)  # the backbone, bit for bit
+        m = measure_blocks(wrapped, data, window=1, batch_size=batch_size, progress=progress)
+    finally:
+        wrapped.unretrofit()
+    blocks = [list(b) for b in retrofit_blocks(n_layers, block_size, boundaries)]
+    a = {n: math.exp((m.ce_skip[n] - m.ce_full) / m.n_targets) for n in range(1, len(blocks) + 1)}
+    cos = {n: m.cos_sum[n] / m.positions for n in range(1, len(blocks) + 1)}
+    return BlockCosts(blocks, a, cos)
+
+
+def prune(model: nn.Module, layers: set[int]) -> nn.Module:
+    """Remove these decoder layers from the model in place (`compat.remove_layers`); returns it."""
+    compat.remove_layers(model, set(layers))
+    return model

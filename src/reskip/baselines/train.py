@@ -1,0 +1,237 @@
+"""Training a baseline: a parameter-matched LoRA on the frozen backbone, or on the backbone with its cheapest
+blocks removed (healed static pruning), with plain next-token cross-entropy and the recipe's loss mask.
+
+Everything a user would do instead gets what the recipe gets: the same packed training and validation
+sequences (`train.loop.prepare_data`), the same batch at every step, the same schedule (`train.schedules`:
+warm-up, cosine decay), optimizer (AdamW), clipping and compute dtype. Only the method differs.
+
+The run folder: config.yaml (the training config and the LoRA's), train_log.jsonl, checkpoints/ (the newest
+two), adapter/ (a PEFT folder: adapter_config.json + adapter_model.safetensors) and summary.json.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import yaml
+from peft import PeftModel, set_peft_model_state_dict
+from safetensors.torch import load_file
+
+from ..backbones.dtypes import resolve_dtype_name
+from ..backbones.loading import load_backbone
+from ..config_fields import described
+from ..data.packing import Packed
+from ..data.sources import load_splits
+from ..errors import ReskipError
+from ..io_atomic import atomic_folder, atomic_write_json, atomic_write_text
+from ..losses import ce_sum, ce_tokens
+from ..progress import Progress
+from ..reading import read_json, read_yaml
+from ..runs import RunFolder
+from ..train.config import TrainConfig, load_yaml
+from ..train.log import append_record, read_log, records, truncate_after
+from ..train.loop import check_against_backbone, prepare_data
+from ..train.schedules import learning_rate
+from .lora import add_lora, matched_lora_config, trainable_parameters
+from .pruning import prune
+
+STATE_NAME = "trainer_state.pt"
+
+
+@dataclass
+class LoraArm:
+    """What a baseline trains, beside the shared TrainConfig (`TrainConfig.lr` etc.; its retrofit keys unused)."""
+
+    params: int = described(help="trainable parameters to match (the side-channel's count on this backbone)",
+                            default=0)
+    drop_layers: list[int] = described(help="decoder layers removed before healing (empty: a plain LoRA)",
+                                       default_factory=list)
+    drop_blocks: list[int] = described(help="the blocks those layers form (for the record)", default_factory=list)
+
+
+def arm_config_text(cfg: TrainConfig, arm: LoraArm) -> str:
+    return yaml.safe_dump({"train": cfg.to_dict(), "lora": dataclasses.asdict(arm)}, sort_keys=False)
+
+
+@torch.no_grad()
+def sequence_nll(model, data: Packed, batch_size: int = 4) -> tuple[list[float], list[int]]:
+    """Per sequence: the next-token NLL summed over its labelled targets (float32), and their count."""
+    was = model.training
+    model.eval()
+    nll, targets = [], []
+    for ids, labels in data.batches(batch_size):
+        per = ce_tokens(model(input_ids=ids, use_cache=False).logits, labels)  # (B, T)
+        nll += per.double().sum(-1).tolist()
+        targets += (labels[:, 1:] != -100).sum(-1).tolist()
+    model.train(was)
+    return nll, targets
+
+
+def perplexity(nll: list[float], targets: list[int]) -> float:
+    return math.exp(sum(nll) / sum(targets))
+
+
+@dataclass
+class LoraRun:
+    cfg: TrainConfig
+    arm: LoraArm
+    model: PeftModel
+    optimizer: torch.optim.Optimizer
+    train_data: Packed
+    val_data: Packed
+    files: RunFolder
+    accounting: dict
+    step: int = 0
+    ppl_backbone: float | None = None
+    log: list = field(default_factory=list)
+
+
+def train_lora(cfg: TrainConfig, arm: LoraArm, run_dir: Path, show_progress: bool = True) -> dict:
+    """Train the arm into `run_dir`; a finished run with the same config is returned as it is, a stopped one
+    resumed from its newest checkpoint. Returns summary.json's content."""
+    files = RunFolder(run_dir)
+    cfg = dataclasses.replace(cfg, dtype=resolve_dtype_name(cfg.dtype))
+    text = arm_config_text(cfg, arm)
+    if files.config.is_file():
+        if files.config.read_text() != text:
+            raise ReskipError(f"{files.root} holds a baseline run of other settings (its config.yaml differs): "
+                              "choose another folder or remove it")
+        if files.summary.is_file() and (files.adapter / "adapter_model.safetensors").is_file():
+            return read_json(files.summary)
+    cfg.validate()
+    check_against_backbone(cfg)
+    splits, _ = load_splits(cfg.data)
+    run = _open(cfg, arm, files, splits)
+    files.root.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(files.config, text)
+    _resume(run)
+    if run.step == 0:
+        _validate(run)
+    bar = Progress(cfg.steps, "lora", initial=run.step, enabled=show_progress)
+    t0 = time.time()
+    while run.step < cfg.steps:
+        rec = _optimizer_step(run)
+        rec["elapsed_s"] = time.time() - t0
+        append_record(files.train_log, rec)
+        bar.update(1, loss=f"{rec['ce']:.3f}")
+        if run.step % cfg.eval_every == 0 or run.step == cfg.steps:
+            _validate(run)
+        if run.step % cfg.save_every == 0 or run.step == cfg.steps:
+            _save_checkpoint(run)
+    bar.close()
+    return _finish(run, time.time() - t0)
+
+
+def _open(cfg: TrainConfig, arm: LoraArm, files: RunFolder, splits) -> LoraRun:
+    torch.manual_seed(cfg.seed)
+    base, tokenizer = load_backbone(cfg.model, cfg.dtype, cfg.trust_remote_code)
+    train_data, val_data = prepare_data(cfg, tokenizer, splits)
+    ppl_backbone = perplexity(*sequence_nll(base, val_data, 1))
+    if arm.drop_layers:
+        prune(base, set(arm.drop_layers))
+    lora_config, accounting = matched_lora_config(base, arm.params)
+    model = add_lora(base, lora_config)
+    optimizer = torch.optim.AdamW(trainable_parameters(model), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    return LoraRun(cfg, arm, model, optimizer, train_data, val_data, files, accounting, ppl_backbone=ppl_backbone)
+
+
+def _optimizer_step(run: LoraRun) -> dict:
+    """One optimizer step: the recipe's batch of this step, its micro-batches, CE over the labelled targets."""
+    cfg, step = run.cfg, run.step
+    lr = learning_rate(step, cfg.steps, cfg.lr, cfg.warmup_frac, cfg.min_lr_frac)
+    for group in run.optimizer.param_groups:
+        group["lr"] = lr
+    idx = [(step * cfg.batch_size + j) % len(run.train_data) for j in range(cfg.batch_size)]
+    ids, labels = run.train_data.input_ids[idx], run.train_data.labels[idx]
+    n_targets = max(1, int((labels[:, 1:] != -100).sum()))
+    micro = cfg.batch_size // cfg.grad_accum
+    total = 0.0
+    run.model.train()
+    for m in range(cfg.grad_accum):
+        sl = slice(m * micro, (m + 1) * micro)
+        loss = ce_sum(run.model(input_ids=ids[sl], use_cache=False).logits, labels[sl]) / n_targets
+        if not torch.isfinite(loss):
+            raise ReskipError(f"loss became {loss.item()} at step {step} (lr={lr:.2e}): lower --lr")
+        loss.backward()
+        total += loss.item()
+    torch.nn.utils.clip_grad_norm_(trainable_parameters(run.model), cfg.clip_norm)
+    run.optimizer.step()
+    run.optimizer.zero_grad()
+    run.step = step + 1
+    return {"kind": "train", "step": run.step, "lr": lr, "ce": total, "loss": total,
+            "tokens_seen": run.step * cfg.batch_size * cfg.seq_len}
+
+
+def _validate(run: LoraRun) -> None:
+    nll, targets = sequence_nll(run.model, run.val_data, 1)
+    append_record(run.files.train_log, {"kind": "eval", "step": run.step, "ppl_full": perplexity(nll, targets),
+                                        "ppl_backbone": run.ppl_backbone,
+                                        "tokens_seen": run.step * run.cfg.batch_size * run.cfg.seq_len})
+
+
+def _save_checkpoint(run: LoraRun) -> None:
+    root = run.files.checkpoints
+
+    def write(tmp: Path) -> None:
+        run.model.save_pretrained(tmp)
+        torch.save({"step": run.step, "optimizer": run.optimizer.state_dict()}, tmp / STATE_NAME)
+
+    final = atomic_folder(root / f"step-{run.step:06d}", write)
+    atomic_write_text(root / "latest", final.name)
+    for old in sorted(p for p in root.glob("step-*") if p != final)[:-1]:
+        shutil.rmtree(old)
+
+
+def _resume(run: LoraRun) -> None:
+    pointer = run.files.checkpoints / "latest"
+    if not pointer.is_file():
+        if run.files.train_log.exists():
+            run.files.train_log.unlink()
+        return
+    ckpt = run.files.checkpoints / pointer.read_text().strip()
+    set_peft_model_state_dict(run.model, load_file(ckpt / "adapter_model.safetensors"))
+    state = torch.load(ckpt / STATE_NAME, weights_only=True)
+    run.optimizer.load_state_dict(state["optimizer"])
+    run.step = state["step"]
+    truncate_after(run.files.train_log, run.step)
+
+
+def _finish(run: LoraRun, wall_s: float) -> dict:
+    log = read_log(run.files.train_log) or []
+    evals, trains = records(log, "eval"), records(log, "train")
+    summary = {"steps": run.step, "tokens_seen": run.step * run.cfg.batch_size * run.cfg.seq_len,
+               "wall_s_process": wall_s, "train_wall_s": trains[-1]["elapsed_s"] if trains else 0.0,
+               "ppl_backbone": run.ppl_backbone,
+               "ppl_full": {"start": evals[0]["ppl_full"], "end": evals[-1]["ppl_full"]},
+               "lora": run.accounting, "drop_layers": run.arm.drop_layers, "drop_blocks": run.arm.drop_blocks,
+               "lr": run.cfg.lr, "dtype": run.cfg.dtype}
+    atomic_folder(run.files.adapter, lambda tmp: run.model.save_pretrained(tmp))
+    atomic_write_json(run.files.summary, summary)
+    return summary
+
+
+def read_arm(run_dir: Path) -> tuple[TrainConfig, LoraArm]:
+    """A baseline run's config.yaml -> (TrainConfig, LoraArm)."""
+    data = read_yaml(RunFolder(run_dir).config, load_yaml)
+    if not isinstance(data, dict) or not {"train", "lora"} <= set(data):
+        raise ReskipError(f"{run_dir} is not a finished baseline run: its config.yaml has no train: and lora: (a "
+                          "LoRA or healed-static arm of `reskip experiment baselines` has)")
+    return TrainConfig.from_dict(data["train"]), LoraArm(**data["lora"])
+
+
+def load_lora_run(run_dir: Path, dtype: str | None = None) -> tuple[PeftModel, object]:
+    """A trained baseline run as (model with its LoRA, tokenizer): the backbone loaded, pruned as recorded and
+    the PEFT adapter applied."""
+    cfg, arm = read_arm(run_dir)
+    base, tokenizer = load_backbone(cfg.model, dtype or cfg.dtype, cfg.trust_remote_code)
+    if arm.drop_layers:
+        prune(base, set(arm.drop_layers))
+    model = PeftModel.from_pretrained(base, RunFolder(run_dir).adapter, autocast_adapter_dtype=True)
+    model.eval()
+    return model, tokenizer

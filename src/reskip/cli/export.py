@@ -1,0 +1,32 @@
+"""`reskip export RUN --out DIR`: a trained baseline (a LoRA, or LoRA-healed static pruning) as a plain Hugging
+Face model folder. The library is imported inside the handler (`lazy:`), so `reskip --help` loads no torch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import ReskipError
+
+
+def cmd_export(args) -> int:
+    from ..baselines.export import export_run  # lazy: torch
+
+    run = Path(args.run)
+    if not (run / "config.yaml").is_file() or not (run / "adapter" / "adapter_config.json").is_file():
+        raise ReskipError(f"{run} is not a finished baseline run (needs config.yaml and adapter/); train one with "
+                          "`reskip experiment baselines`")
+    out = export_run(run, Path(args.out), args.dtype)
+    print(f"exported {run} to {out}: load it with AutoModelForCausalLM.from_pretrained({str(out)!r})")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("export", help="write a trained baseline (LoRA, or LoRA-healed static pruning) as a plain "
+                                      "Hugging Face model: pruned layers removed, LoRA merged, config updated",
+                       description="Example: reskip export runs/experiments/experiments/baselines/arms/"
+                                   "healed-static-1@0.002 --out healed-model")
+    p.add_argument("run", help="a baseline arm's folder (config.yaml, adapter/)")
+    p.add_argument("--out", required=True, help="the folder to write (replaced whole if it exists)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="the exported weights' dtype (default float32)")
+    p.set_defaults(func=cmd_export)

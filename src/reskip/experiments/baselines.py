@@ -1,0 +1,373 @@
+"""`reskip experiment baselines`: the recipe beside what a user would do instead, at the same trainable
+parameters, training tokens, schedule and evaluation sequences.
+
+Methods (each trained once per learning rate of one shared sweep; the one with the lowest final validation
+perplexity is kept, the same rule for every method):
+- `recipe`: the standard recipe (`train.loop.train`), then its own calibrate and eval stages (ReSkip's
+  budgets, static pruning with the learned shortcut, influence and random at the same measured skips);
+- `lora`: PEFT LoRA on every linear projection of the frozen backbone, ranks set so that its parameters match
+  the side-channel's (`baselines.lora`), plain CE with the recipe's loss mask;
+- `healed-static:K`: the K middle blocks whose removal costs the backbone least on the calibration split
+  (A(n) of the backbone itself) removed, the rest healed by a LoRA of the same parameter count.
+Measured on the validation split (the sweep), the test split and the held-out kjv (the recipe's eval sequences,
+16 x 256), with 95% bootstrap intervals over sequences for the differences the verdict reads. Without
+healing, the same pruned backbones are measured too (`pruned:K`), so the table shows what healing buys.
+
+Every arm is a run folder under OUT/experiments/baselines/arms/<method>-lr-<lr>; a finished one is read, a
+stopped one resumed, so separate processes can train arms side by side (`--arms`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import numpy as np
+
+from ..backbones.accounting import count_params
+from ..backbones.dtypes import resolve_dtype_name
+from ..backbones.loading import load_backbone, load_config
+from ..baselines.pruning import BlockCosts, backbone_block_costs, prune
+from ..baselines.train import LoraArm, load_lora_run, sequence_nll, train_lora
+from ..data.packing import pack
+from ..data.sources import load_splits
+from ..errors import ReskipError
+from ..evaluate.stage import evaluate_run
+from ..io_atomic import atomic_write, atomic_write_json
+from ..pipeline import HELDOUT, PRESETS, PipelineConfig
+from ..reading import read_json
+from ..report.figures import fig_baselines
+from ..runs import RunFolder
+from ..skip.position_choice import bootstrap_difference
+from ..skip.policy_file import PolicyFile
+from ..skip.spec import METHOD_KINDS, parse_specs
+from ..skip.stage import calibrate_run
+from ..train.config import TrainConfig
+from ..train.log import read_log, records
+from ..train.loop import train
+from ..train.checkpoint import latest_checkpoint
+from .options import ExperimentOptions
+from .record import claim
+
+METHODS = ("recipe", "lora", "healed-static:1", "healed-static:2")
+LR_FACTORS = (0.5, 1.0, 2.0)  # the sweep: these multiples of the recipe's learning rate, for every method
+COSTS_FILE = "backbone_blocks.json"
+
+
+def run(options: ExperimentOptions, folder: Path, show=print) -> dict | None:
+    if options.lrs is not None and not all(math.isfinite(lr) and lr > 0 for lr in options.lrs):
+        raise ReskipError(f"--lrs: every learning rate must be a finite number > 0, got {options.lrs}")
+    chosen = _chosen_arms(options.arms)
+    pc = PipelineConfig(options.preset, options.model, list(options.data), {**options.overrides, "seed": options.seed},
+                        dtype=options.dtype)
+    pc.check()
+    recipe = pc.train_config()
+    lrs = sorted(options.lrs or [recipe.lr * f for f in LR_FACTORS])
+    target = count_params(load_config(recipe.model, recipe.trust_remote_code), recipe.retrofit_config()).new_params
+    costs = _block_costs(pc, folder, show)
+    arms, pending = {}, []
+    for method in METHODS:
+        for lr in lrs:
+            name = arm_name(method, lr)
+            where = folder / "arms" / arm_slug(name)
+            if method not in chosen and not RunFolder(where).summary.is_file():
+                pending.append(name)
+                continue
+            show(f"[experiment baselines] arm {name}")
+            arms[name] = _train_arm(method, dataclasses.replace(recipe, lr=lr), where, target, costs,
+                                    not options.quiet)
+    if pending:
+        show(f"[experiment baselines] not trained yet: {', '.join(pending)}; results.json is written by the run "
+             "that finds every arm finished")
+        return None
+    best = {m: min((n for n in arms if n.startswith(m + "@")), key=lambda n: arms[n]["val_ppl"]) for m in METHODS}
+    measured = _measure(pc, folder, best, costs, show)
+    out = {"experiment": "baselines", "preset": options.preset, "model": recipe.model, "data": list(recipe.data),
+           "seed": recipe.seed, "dtype": measured["dtype"], "lrs": lrs, "target_params": target,
+           "budget": {"steps": recipe.steps, "batch_size": recipe.batch_size, "seq_len": recipe.seq_len,
+                      "tokens": recipe.steps * recipe.batch_size * recipe.seq_len},
+           "backbone_blocks": {**costs.to_dict(), "dropped": {str(k): costs.cheapest(k) for k in (1, 2)},
+                               "influence_would_drop": {str(k): costs.most_similar(k) for k in (1, 2)}},
+           "sweep": arms, "chosen": best, **measured}
+    out["claims"] = claims(out)
+    out["tables"] = tables(out)
+    out["verdict"] = verdict(out)
+    png = fig_baselines(out)[1]
+    atomic_write(folder / "frontier.png", lambda tmp: Path(tmp).write_bytes(png))
+    return out
+
+
+def arm_name(method: str, lr: float) -> str:
+    return f"{method}@{lr:g}"
+
+
+def arm_slug(name: str) -> str:
+    """An arm's folder name: its name with ':' (not allowed in file names everywhere) as '-'."""
+    return name.replace(":", "-")
+
+
+def _chosen_arms(arms: list[str] | None) -> set[str]:
+    if not arms:
+        return set(METHODS)
+    unknown = [a for a in arms if a not in METHODS]
+    if unknown:
+        raise ReskipError(f"`baselines` has no method {', '.join(map(repr, unknown))}; its methods: {', '.join(METHODS)}")
+    return set(arms)
+
+
+def _block_costs(pc: PipelineConfig, folder: Path, show) -> BlockCosts:
+    """The backbone's A(n) and block influence on the calibration split (the calibrate stage's sequences),
+    computed once and kept in the experiment's folder."""
+    path = folder / COSTS_FILE
+    if path.is_file():
+        d = read_json(path)
+        return BlockCosts(d["blocks"], {int(k): v for k, v in d["A"].items()},
+                          {int(k): v for k, v in d["cos_in_out"].items()})
+    cfg = pc.train_config()
+    rc = cfg.retrofit_config()
+    splits, _ = load_splits(cfg.data)
+    model, tok = load_backbone(cfg.model, cfg.dtype, cfg.trust_remote_code)
+    data = pack(tok, splits["calib"], cfg.seq_len, PRESETS[pc.preset]["calibrate"]["sequences"], seed=0)
+    show(f"[experiment baselines] the backbone's block costs on {len(data)} calibration sequences")
+    costs = backbone_block_costs(model, data, rc.block_size, rc.boundaries)
+    atomic_write_json(path, costs.to_dict())
+    return costs
+
+
+def _train_arm(method: str, cfg: TrainConfig, where: Path, target: int, costs: BlockCosts, progress: bool) -> dict:
+    """Train one arm (or read it when finished); its row of the sweep."""
+    files = RunFolder(where)
+    if method == "recipe":
+        if files.config.is_file() and TrainConfig.from_file(files.config) != dataclasses.replace(
+                cfg, dtype=resolve_dtype_name(cfg.dtype)):
+            raise ReskipError(f"{where} holds a recipe run of other settings (its config.yaml differs): remove it")
+        if not files.summary.is_file():
+            train(cfg, where, resume=latest_checkpoint(where) is not None, show_progress=progress, overwrite=True)
+        s = read_json(files.summary)
+        return {"method": method, "lr": cfg.lr, "val_ppl": s["ppl_full"]["end"], "val_ppl_backbone": s["ppl_backbone"],
+                "params": target, "train_wall_s": _train_wall(files)}
+    k = int(method.split(":")[1]) if ":" in method else 0
+    blocks = costs.cheapest(k) if k else []
+    arm = LoraArm(params=target, drop_layers=sorted(costs.layers_of(blocks)), drop_blocks=blocks)
+    s = train_lora(cfg, arm, where, show_progress=progress)
+    return {"method": method, "lr": cfg.lr, "val_ppl": s["ppl_full"]["end"], "val_ppl_backbone": s["ppl_backbone"],
+            "params": s["lora"]["parameters"], "ranks": s["lora"]["ranks"], "drop_blocks": blocks,
+            "train_wall_s": s["train_wall_s"]}
+
+
+def _train_wall(files: RunFolder) -> float:
+    trains = records(read_log(files.train_log), "train")
+    return trains[-1]["elapsed_s"] if trains else 0.0
+
+
+# ---- measuring the chosen arms on the eval's sequences ------------------------------------------------------
+RECIPE_ROWS = {"retrofit": "retrofit", "reskip:budget=1": "ReSkip, budget 1", "reskip:budget=1:held": "ReSkip, budget 1, held",
+               "reskip:budget=2": "ReSkip, budget 2", "reskip:budget=2:held": "ReSkip, budget 2, held",
+               "static:1": "static:1 (learned shortcut)", "static:2": "static:2 (learned shortcut)"}
+HELD = (1.0, 2.0)  # the budgets also measured with their rate held online
+RECIPE_EVAL = "recipe-eval"  # the chosen recipe run's eval with the rows the table needs
+SPLITS = ("test", "kjv")
+
+
+def _measure(pc: PipelineConfig, folder: Path, best: dict, costs: BlockCosts, show) -> dict:
+    """Every row of the table on the test split and kjv: the recipe's from an eval of its chosen run (the
+    pipeline's methods, with static pruning at exactly 1 and 2 blocks per step and the held budgets, and on kjv
+    the baselines matched again at the skips ReSkip spends there), the LoRA arms' and the unhealed pruned
+    backbones' scored here on the same packed sequences."""
+    rdir = folder / "arms" / arm_slug(best["recipe"])
+    files = RunFolder(rdir)
+    if not files.policy.is_file():
+        calibrate_run(rdir, pc.calibrate_options())
+    ev_dir = folder / RECIPE_EVAL
+    if not (ev_dir / "results.json").is_file():
+        budgets = PolicyFile.load(files.policy).budgets()
+        extra = ["static:1", "static:2", *(f"reskip:budget={b:g}:held" for b in HELD if b in budgets)]
+        opts = pc.eval_options()
+        evaluate_run(rdir, dataclasses.replace(opts, methods=[*opts.methods, *parse_specs(extra, METHOD_KINDS)],
+                                               benchmarks=[], out=str(ev_dir)))
+    ev = read_json(ev_dir / "results.json")
+    methods = {"test": ev["methods"], "kjv": ev["heldout"]["methods"]}
+    rows = {key: _recipe_row(methods, key) for key in ("backbone", *RECIPE_ROWS)
+            if all(key in methods[s] for s in SPLITS)}
+    cfg = pc.train_config()
+    data, _ = load_splits(cfg.data)
+    held, _ = load_splits(list(HELDOUT))
+    n_seq = PRESETS[pc.preset]["eval"]["sequences"]
+    n_layers = sum(len(b) for b in costs.blocks)
+
+    def row_of(model, tok, skipped: int, layers_removed: int) -> dict:
+        seqs = {"test": pack(tok, data["test"], cfg.seq_len, n_seq, seed=0),
+                "kjv": pack(tok, held["test"], cfg.seq_len, n_seq, seed=0)}
+        row = {"blocks_skipped": {s: skipped for s in SPLITS},
+               "flops_executed_share": {s: 1 - layers_removed / n_layers for s in SPLITS}, "per_sequence": {}}
+        for s in SPLITS:
+            nll, targets = sequence_nll(model, seqs[s])
+            row["per_sequence"][s] = {"nll": nll, "targets": targets}
+        return row
+
+    model, tok = load_backbone(cfg.model, ev["meta"]["dtype"], cfg.trust_remote_code)
+    check = row_of(model, tok, 0, 0)  # the backbone scored by this path: the eval's ratio denominator, re-measured
+    for k in (1, 2):
+        show(f"[experiment baselines] measuring pruned:{k} (no healing)")
+        model, tok = load_backbone(cfg.model, ev["meta"]["dtype"], cfg.trust_remote_code)
+        blocks = costs.cheapest(k)
+        rows[f"pruned:{k}"] = row_of(prune(model, costs.layers_of(blocks)), tok, k, len(costs.layers_of(blocks)))
+    for method in METHODS[1:]:
+        show(f"[experiment baselines] measuring {best[method]}")
+        where = folder / "arms" / arm_slug(best[method])
+        model, tok = load_lora_run(where, ev["meta"]["dtype"])
+        arm = read_json(RunFolder(where).summary)
+        rows[method] = row_of(model, tok, len(arm["drop_blocks"]), len(arm["drop_layers"]))
+    back = {s: rows["backbone"]["per_sequence"][s] for s in SPLITS}
+    for name, row in rows.items():
+        row["ppl_ratio"] = {s: _ratio(row["per_sequence"][s], back[s]) for s in SPLITS}
+    check_ratio = {s: _ratio(check["per_sequence"][s], back[s]) for s in SPLITS}
+    return {"dtype": ev["meta"]["dtype"], "rows": rows, "backbone_rescored": check_ratio,
+            "intervals": intervals(rows), "kjv_at_spent_compute": kjv_at_spent_compute(methods["kjv"]),
+            "recipe_eval": str(ev_dir / "results.json")}
+
+
+def kjv_at_spent_compute(kjv: dict) -> list[dict]:
+    """Each ReSkip budget on kjv beside static pruning at the skips it measured there (the eval's matched
+    baselines on the held-out source), with the 95% interval of ReSkip - static."""
+    back = kjv["backbone"]["per_sequence"]
+    full, targets = np.array(back["nll"], float), np.array(back["targets"], float)
+    out = []
+    for name, r in kjv.items():
+        if not name.startswith("reskip:budget=") or r["mean_skipped"] == 0:
+            continue
+        k = round(r["mean_skipped"], 2)
+        st = f"static:{int(k) if k == int(k) else k:g}"
+        row = {"method": name, "skipped": r["mean_skipped"], "ppl_ratio": r["ppl_ratio"], "static": st,
+               "static_ppl_ratio": kjv[st]["ppl_ratio"] if st in kjv else None}
+        if st in kjv:
+            row["minus_static"] = bootstrap_difference(full, np.array(r["per_sequence"]["nll"], float),
+                                                       np.array(kjv[st]["per_sequence"]["nll"], float), targets)
+        out.append(row)
+    return out
+
+
+def _recipe_row(methods: dict, key: str) -> dict:
+    return {"blocks_skipped": {s: methods[s][key]["mean_skipped"] for s in SPLITS},
+            "flops_executed_share": {s: methods[s][key]["flops_executed_share"] for s in SPLITS},
+            "per_sequence": {s: methods[s][key]["per_sequence"] for s in SPLITS}}
+
+
+def _ratio(per: dict, back: dict) -> float:
+    return float(np.exp((sum(per["nll"]) - sum(back["nll"])) / sum(back["targets"])))
+
+
+COMPARISONS = (("retrofit", "lora"), ("reskip:budget=1", "healed-static:1"),
+               ("reskip:budget=1:held", "healed-static:1"), ("static:1", "healed-static:1"),
+               ("reskip:budget=2", "healed-static:2"), ("static:2", "healed-static:2"),
+               ("healed-static:1", "backbone"), ("lora", "backbone"))
+
+
+def intervals(rows: dict) -> dict:
+    """a - b of perplexity / backbone for each comparison the verdict reads, per split, with its 95% bootstrap
+    interval over sequences."""
+    out = {}
+    for a, b in COMPARISONS:
+        if a not in rows or b not in rows:  # a budget out of this model's reach
+            continue
+        for s in SPLITS:
+            back = rows["backbone"]["per_sequence"][s]
+            full, targets = np.array(back["nll"], float), np.array(back["targets"], float)
+            d = bootstrap_difference(full, np.array(rows[a]["per_sequence"][s]["nll"], float),
+                                     np.array(rows[b]["per_sequence"][s]["nll"], float), targets)
+            out[f"{a} - {b} ({s})"] = d
+    return out
+
+
+# ---- what the table says ---------------------------------------------------------------------------------
+def _ci(d: dict) -> str:
+    return f"{d['mean']:+.4f} [{d['lo']:+.4f}, {d['hi']:+.4f}]"
+
+
+def claims(r: dict) -> list[dict]:
+    iv = r["intervals"]
+    out = []
+    for s in SPLITS:
+        d = iv[f"retrofit - lora ({s})"]
+        out.append(claim(f"nothing skipped, the side-channel beats a parameter-matched LoRA beyond the interval ({s})",
+                         f"retrofit - lora = {_ci(d)}", d["hi"] < 0))
+    for k in (1, 2):
+        for s in SPLITS:
+            d = iv.get(f"reskip:budget={k} - healed-static:{k} ({s})")
+            text = f"at {k} block(s) per step ReSkip beats LoRA-healed static pruning beyond the interval ({s})"
+            if d is None:
+                out.append(claim(text, f"no ReSkip budget {k} on this model", None))
+                continue
+            skips = r["rows"][f"reskip:budget={k}"]["blocks_skipped"][s]
+            out.append(claim(text, f"ReSkip - healed = {_ci(d)} (ReSkip skips {skips:.2f} blocks per step)",
+                             d["hi"] < 0))
+    return out
+
+
+def tables(r: dict) -> dict:
+    rows, sweep = r["rows"], r["sweep"]
+    names = {"backbone": "backbone", **RECIPE_ROWS, "lora": "LoRA", "pruned:1": "pruned:1 (no healing)",
+             "healed-static:1": "healed-static:1", "pruned:2": "pruned:2 (no healing)", "healed-static:2": "healed-static:2"}
+    chosen = {m: sweep[n] for m, n in r["chosen"].items()}
+    method_of = {**{k: "recipe" for k in RECIPE_ROWS}, "lora": "lora", "healed-static:1": "healed-static:1",
+                 "healed-static:2": "healed-static:2"}
+    main = ["| method | blocks skipped / step (test, kjv) | layer FLOPs executed | trainable params | lr | "
+            "val ppl / backbone | test ppl / backbone | kjv ppl / backbone | training wall (min) |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for key, label in names.items():
+        if key not in rows:
+            continue
+        row, m = rows[key], chosen.get(method_of.get(key))
+        val = "-" if m is None or key.startswith(("reskip", "static")) else f"{m['val_ppl'] / m['val_ppl_backbone']:.4f}"
+        if key == "backbone":
+            val = "1.0000"
+        main.append(f"| {label} | {row['blocks_skipped']['test']:.2f}, {row['blocks_skipped']['kjv']:.2f} "
+                    f"| {row['flops_executed_share']['test']:.3f} | {'-' if m is None else format(m['params'], ',')} "
+                    f"| {'-' if m is None else format(m['lr'], 'g')} | {val} | {row['ppl_ratio']['test']:.4f} "
+                    f"| {row['ppl_ratio']['kjv']:.4f} | {'-' if m is None else format(m['train_wall_s'] / 60, '.1f')} |")
+    sw = ["| arm | lr | trainable params | final val ppl | val ppl / backbone | training wall (min) |",
+          "| --- | --- | --- | --- | --- | --- |"]
+    sw += [f"| {n}{' (chosen)' if n in r['chosen'].values() else ''} | {a['lr']:g} | {a['params']:,} | "
+           f"{a['val_ppl']:.3f} | {a['val_ppl'] / a['val_ppl_backbone']:.4f} | {a['train_wall_s'] / 60:.1f} |"
+           for n, a in sweep.items()]
+    iv = ["| difference (ppl / backbone) | 95% interval over sequences |", "| --- | --- |"]
+    iv += [f"| {k} | {_ci(d)} |" for k, d in r["intervals"].items()]
+    bb = r["backbone_blocks"]
+    blocks = ["| block | layers | A(n) on the backbone | cos(in, out) |", "| --- | --- | --- | --- |"]
+    blocks += [f"| {n} | {layers[0]}-{layers[-1]} | {bb['A'][str(n)]:.3f} | {bb['cos_in_out'][str(n)]:.4f} |"
+               for n, layers in enumerate(bb["blocks"], start=1)]
+    spent = ["| ReSkip on kjv | blocks skipped / step there | ppl / backbone | static at those skips | "
+             "ReSkip - static [95% CI] |", "| --- | --- | --- | --- | --- |"]
+    spent += [f"| {x['method']} | {x['skipped']:.2f} | {x['ppl_ratio']:.4f} | "
+              f"{'-' if x['static_ppl_ratio'] is None else format(x['static_ppl_ratio'], '.4f')} ({x['static']}) | "
+              f"{_ci(x['minus_static']) if 'minus_static' in x else '-'} |" for x in r["kjv_at_spent_compute"]]
+    for k in ("1", "2"):
+        blocks.append(f"| drop {k} | by A(n): blocks {bb['dropped'][k]} | by influence (ShortGPT): blocks "
+                      f"{bb['influence_would_drop'][k]} | |")
+    return {"Every method at 0, 1 and 2 blocks per step (perplexity / the backbone's)": main,
+            "kjv at the compute ReSkip spends there": spent,
+            "The learning-rate sweep (chosen on validation)": sw,
+            "Differences the verdict reads": iv,
+            "The backbone's blocks (calibration split): what static pruning drops": blocks}
+
+
+def verdict(r: dict) -> str:
+    iv = r["intervals"]
+
+    def said(subject: str, a: str, b: str, other: str) -> str:
+        pair = [iv.get(f"{a} - {b} ({s})") for s in SPLITS]
+        if None in pair:
+            return f"{subject}: not measured on this model."
+        if all(d["hi"] < 0 for d in pair):
+            how = "beats"
+        elif all(d["lo"] > 0 for d in pair):
+            how = "loses to"
+        else:
+            how = "is not separated from"
+        return (f"{subject}, {a} {how} {other} on test and kjv ({a} - {b}, ppl / backbone: test {_ci(pair[0])}, "
+                f"kjv {_ci(pair[1])}).")
+
+    return " ".join([said("Nothing skipped", "retrofit", "lora", "a LoRA of the same trainable parameters"),
+                     said("At one block per step", "reskip:budget=1", "healed-static:1", "LoRA-healed static pruning"),
+                     said("At two blocks per step", "reskip:budget=2", "healed-static:2", "LoRA-healed static pruning")])

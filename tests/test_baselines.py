@@ -1,0 +1,184 @@
+"""What a user would do instead: the parameter-matched LoRA, static pruning by the backbone's own A(n), the
+healed model's training and resume, its export as a plain Hugging Face folder, and `reskip experiment baselines`
+end to end on a tiny model."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from helpers import FAMILIES, save_tiny, tiny_model, write_corpus
+from reskip import compat
+from reskip.ar_retrofit.config import RetrofitConfig
+from reskip.ar_retrofit.model import retrofit
+from reskip.baselines.lora import add_lora, matched_lora_config, matched_ranks, lora_parameters, trainable_parameters
+from reskip.baselines.pruning import prune
+from reskip.baselines.train import LoraArm, load_lora_run, train_lora
+from reskip.cli import main
+from reskip.train.config import TrainConfig
+
+SMOLLM2_RANK_COST = 10_176  # one rank on q, k, v, o, gate, up, down of a SmolLM2 layer: sum of (in + out)
+
+
+def test_matched_ranks_meet_the_side_channel_count_on_smollm2():
+    """97 ranks over 30 layers (23 at 3, 7 at 4, spread over the depth): 987,072 parameters against the
+    side-channel's 982,663 at rank 64 (+0.45%, within the 2% the comparison allows)."""
+    costs = [SMOLLM2_RANK_COST] * 30
+    ranks = matched_ranks(costs, 982_663)
+    assert sum(ranks) == 97 and sorted(set(ranks)) == [3, 4] and ranks.count(4) == 7
+    assert lora_parameters(costs, ranks) == 987_072
+    assert abs(lora_parameters(costs, ranks) / 982_663 - 1) < 0.005
+    fours = [i for i, r in enumerate(ranks) if r == 4]
+    assert fours[0] < 5 and fours[-1] > 24  # spread over the depth, not stacked at one end
+
+
+def test_a_fresh_lora_is_the_model_exactly_and_counts_what_it_trains():
+    model = tiny_model("llama")
+    ids = torch.randint(3, 90, (2, 12))
+    with torch.no_grad():
+        before = model(input_ids=ids).logits
+    config, acc = matched_lora_config(model, 3_000)
+    peft_model = add_lora(model, config)
+    with torch.no_grad():
+        after = peft_model(input_ids=ids).logits
+    assert torch.equal(before, after)  # B = 0 at init: an exact identity
+    assert sum(p.numel() for p in trainable_parameters(peft_model)) == acc["parameters"]
+    assert all(p.dtype == torch.float32 for p in trainable_parameters(peft_model))
+    # only the LoRA trains, chosen by PEFT on the decoder layers' projections: the head and embeddings stay frozen
+    assert not model.get_output_embeddings().weight.requires_grad
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_removing_layers_equals_skipping_them_with_and_without_the_cache(family):
+    """The pruned model computes what the full model computes with those layers as identity (the retrofit's
+    identity skip at c = 0), and its KV cache is indexed right: greedy generation with the cache equals it without."""
+    model = tiny_model(family, init_std=0.2)
+    ids = torch.randint(3, 90, (2, 10))
+    wrapped = retrofit(model, RetrofitConfig(block_size=1, skip_path="identity"))
+    wrapped.set_curriculum(0.0)
+    with torch.no_grad(), wrapped.blocks_skipped(3, 4):  # blocks 3, 4 = layers 2, 3
+        skipped = wrapped(input_ids=ids, use_cache=False).logits
+    pruned = prune(wrapped.unretrofit(), {2, 3})
+    assert len(compat.decoder_layers(pruned)) == 4 and pruned.config.num_hidden_layers == 4
+    with torch.no_grad():
+        assert torch.equal(pruned(input_ids=ids, use_cache=False).logits, skipped)
+        with_cache = pruned.generate(ids[:1], max_new_tokens=6, do_sample=False, use_cache=True)
+        without = pruned.generate(ids[:1], max_new_tokens=6, do_sample=False, use_cache=False)
+    assert torch.equal(with_cache, without)
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("baselines")
+    return tmp, save_tiny(tmp / "model", "gemma3"), write_corpus(tmp / "corpus", n_docs=200)
+
+
+def _config(tiny_data, **kw):
+    _, model, corpus = tiny_data
+    base = dict(model=str(model), data=[str(corpus)], seq_len=16, steps=4, batch_size=2, eval_every=2, save_every=2,
+                eval_sequences=2, lr=1e-2, dtype="float32", retrofit={"block_size": 1, "rank": 8})
+    return TrainConfig(**{**base, **kw})
+
+
+def test_healed_training_resumes_to_the_same_adapter_and_exports_a_plain_model(tiny_data, tmp_path):
+    """A Gemma-3 (sliding and full layers) with two layers removed and healed: a run stopped after its step-2
+    checkpoint resumes to the uninterrupted run's adapter byte for byte; the export loads with
+    AutoModelForCausalLM alone and gives the in-project model's logits."""
+    cfg = _config(tiny_data)
+    arm = LoraArm(params=4_000, drop_layers=[2, 3], drop_blocks=[3, 4])
+    whole = tmp_path / "whole"
+    summary = train_lora(cfg, arm, whole, show_progress=False)
+    assert summary["steps"] == 4 and summary["drop_layers"] == [2, 3]
+    assert summary["ppl_full"]["end"] < summary["ppl_full"]["start"]
+    stopped = tmp_path / "stopped"
+    shutil.copytree(whole, stopped)
+    for name in ("adapter", "summary.json", "checkpoints/step-000004"):
+        p = stopped / name
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+    (stopped / "checkpoints" / "latest").write_text("step-000002")
+    train_lora(cfg, arm, stopped, show_progress=False)
+    name = "adapter/adapter_model.safetensors"
+    assert (stopped / name).read_bytes() == (whole / name).read_bytes()
+    # a finished run is read back, not retrained; another config in its folder is refused
+    assert train_lora(cfg, arm, whole, show_progress=False) == summary
+    with pytest.raises(Exception, match="other settings"):
+        train_lora(_config(tiny_data, lr=2e-2), arm, whole, show_progress=False)
+
+    out = tmp_path / "exported"
+    assert main(["export", str(whole), "--out", str(out)]) == 0
+    exported = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    assert exported.config.num_hidden_layers == 4 and len(exported.config.layer_types) == 4
+    in_project, _ = load_lora_run(whole, "float32")
+    ids = torch.randint(3, 90, (2, 12))
+    with torch.no_grad():
+        diff = (exported(input_ids=ids).logits - in_project(input_ids=ids).logits).abs().max().item()
+    assert diff < 1e-3
+
+
+def test_export_refuses_a_folder_that_is_not_a_baseline_run(tmp_path, capsys):
+    assert main(["export", str(tmp_path), "--out", str(tmp_path / "x")]) == 2
+    assert "not a finished baseline run" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.integration
+def test_baselines_experiment_trains_every_method_at_every_lr_and_reads_them_against_each_other(tmp_path):
+    model = save_tiny(tmp_path / "model", "llama")
+    corpus = write_corpus(tmp_path / "corpus", n_docs=300)
+    out = tmp_path / "out"
+    args = ["experiment", "baselines", "--model", str(model), "--data", str(corpus), "--out", str(out), "--preset",
+            "standard", "--steps", "2", "--batch-size", "2", "--seq-len", "16", "--block-size", "1", "--rank", "8",
+            "--lrs", "0.01", "0.02", "--quiet"]
+    assert main([*args, "--arms", "lora"]) == 0  # one method now: the results wait for the others
+    folder = out / "experiments" / "baselines"
+    assert not (folder / "results.json").exists() and (folder / "arms" / "lora@0.02" / "adapter").is_dir()
+    assert main(args) == 0
+    r = json.loads((folder / "results.json").read_text())
+    assert set(r["sweep"]) == {f"{m}@{lr}" for m in ("recipe", "lora", "healed-static:1", "healed-static:2")
+                               for lr in ("0.01", "0.02")}
+    for method, name in r["chosen"].items():  # the lowest validation perplexity of each method's sweep
+        assert r["sweep"][name]["val_ppl"] == min(a["val_ppl"] for n, a in r["sweep"].items()
+                                                  if n.startswith(method + "@"))
+    costs = r["backbone_blocks"]["A"]
+    cheapest = sorted((int(n) for n in costs if 1 < int(n) < 6), key=lambda n: costs[str(n)])
+    assert r["sweep"][r["chosen"]["healed-static:1"]]["drop_blocks"] == cheapest[:1]
+    assert r["sweep"][r["chosen"]["healed-static:2"]]["drop_blocks"] == sorted(cheapest[:2])
+    rows = r["rows"]
+    ev = json.loads((folder / "recipe-eval" / "results.json").read_text())  # the chosen recipe run's own eval
+    assert rows["retrofit"]["ppl_ratio"]["test"] == pytest.approx(ev["methods"]["retrofit"]["ppl_ratio"], rel=1e-9)
+    assert rows["static:1"]["blocks_skipped"]["test"] == 1.0 and "reskip:budget=1:held" in rows
+    for x in r["kjv_at_spent_compute"]:  # kjv's baselines matched at the skips ReSkip measured on kjv
+        assert ev["heldout"]["methods"][x["static"]]["mean_skipped"] == pytest.approx(x["skipped"], abs=0.01)
+        assert x["static_ppl_ratio"] == ev["heldout"]["methods"][x["static"]]["ppl_ratio"]
+    assert rows["healed-static:2"]["blocks_skipped"] == {"test": 2, "kjv": 2}
+    assert r["backbone_rescored"]["test"] == pytest.approx(1.0, abs=1e-3)  # this path scores the backbone as eval does
+    # the nearest whole number of layer-ranks: within half of one (512 parameters on this tiny llama's layer)
+    assert abs(r["sweep"][r["chosen"]["lora"]]["params"] - r["target_params"]) <= 256
+    for d in r["intervals"].values():
+        assert d["lo"] <= d["mean"] <= d["hi"]
+    assert len(r["claims"]) == 6 and "Nothing skipped" in r["verdict"]
+    md = (folder / "results.md").read_text()
+    assert "healed-static:1" in md and "The learning-rate sweep" in md
+    assert (folder / "frontier.png").read_bytes()[:4] == b"\x89PNG"
+    assert main(["report", str(out)]) == 0
+    page = (out / "report" / "report.html").read_text()
+    assert "Baselines: quality against compute" in page and "healed-static:1" in page
+
+
+@pytest.mark.real
+def test_export_round_trip_on_the_bundled_backbone(tmp_path):
+    """SmolLM2 with its block 4 removed and healed one step: the exported folder, loaded by transformers
+    alone, gives the in-project model's logits within 1e-3 in float32."""
+    cfg = TrainConfig(steps=1, batch_size=2, seq_len=32, eval_every=1, save_every=1, eval_sequences=1,
+                      dtype="float32")
+    train_lora(cfg, LoraArm(params=982_663, drop_layers=[12, 13, 14, 15], drop_blocks=[4]), tmp_path / "run",
+               show_progress=False)
+    assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "hf")]) == 0
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
+    in_project, tok = load_lora_run(tmp_path / "run", "float32")
+    ids = tok(["The capital of France is Paris, and the capital of Italy is"], return_tensors="pt").input_ids
+    with torch.no_grad():
+        diff = (exported(input_ids=ids).logits - in_project(input_ids=ids).logits).abs().max().item()
+    assert exported.config.num_hidden_layers == 26 and diff < 1e-3
