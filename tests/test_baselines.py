@@ -182,3 +182,27 @@ def test_export_round_trip_on_the_bundled_backbone(tmp_path):
     with torch.no_grad():
         diff = (exported(input_ids=ids).logits - in_project(input_ids=ids).logits).abs().max().item()
     assert exported.config.num_hidden_layers == 26 and diff < 1e-3
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_the_chunked_head_ce_is_ce_of_the_logits_with_its_gradient(family):
+    """`losses.head_ce` (the LoRA arms' loss, a chunk of positions at a time) equals `ce_sum` of the model's own
+    logits (Gemma's soft-cap included), and so does its gradient with respect to the final hidden states."""
+    from reskip.losses import ce_sum, head_ce
+
+    model = tiny_model(family, init_std=0.2).requires_grad_(False)  # a frozen backbone, as the LoRA arms train
+    model.config.final_logit_softcapping = 5.0 if family == "gemma3" else None
+    ids = torch.randint(3, 90, (2, 12))
+    labels = ids.clone()
+    labels[0, :4] = -100
+    h = compat.decoder_body(model)(input_ids=ids).last_hidden_state.detach().requires_grad_(True)
+    head = compat.output_head(model)
+    a = head_ce(h, head, labels, chunk=5)
+    (ga,) = torch.autograd.grad(a, h)
+    logits = model.lm_head(h)
+    if family == "gemma3":
+        logits = torch.tanh(logits / 5.0) * 5.0
+    b = ce_sum(logits, labels)
+    (gb,) = torch.autograd.grad(b, h)
+    assert a.item() == pytest.approx(b.item(), rel=1e-5)
+    assert torch.allclose(ga, gb, atol=1e-6)

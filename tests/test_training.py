@@ -400,3 +400,25 @@ def test_a_kill_anywhere_in_training_leaves_a_folder_refused_in_one_line_or_resu
         else:
             assert resumed.returncode == 0, resumed.stderr
         assert (run / "adapter" / "adapter_model.safetensors").read_bytes() == expected, records
+
+
+def test_the_checkpoint_pointer_is_never_followed_out_of_the_run(tmp_path):
+    """`checkpoints/latest` naming another run's folder, an absolute path, binary bytes or a checkpoint without its
+    trainer state: the newest complete checkpoint of this run is used (or none), never what the pointer says."""
+    from reskip.train.checkpoint import STATE_NAME, latest_checkpoint
+
+    root = tmp_path / "run" / "checkpoints"
+    for step in (25, 50):
+        (root / f"step-{step:06d}").mkdir(parents=True)
+        (root / f"step-{step:06d}" / STATE_NAME).write_bytes(b"x")
+    (root / "step-000075").mkdir()  # a checkpoint cut short: no trainer state
+    other = tmp_path / "other" / "checkpoints" / "step-000100"
+    other.mkdir(parents=True)
+    (other / STATE_NAME).write_bytes(b"x")
+    pointer = root / "latest"
+    for text in ("step-000025", "../../other/checkpoints/step-000100", str(other), "step-000075"):
+        pointer.write_text(text)
+        expected = "step-000025" if text == "step-000025" else "step-000050"
+        assert latest_checkpoint(tmp_path / "run").name == expected
+    pointer.write_bytes(b"\xff\xfe\x00")
+    assert latest_checkpoint(tmp_path / "run").name == "step-000050"

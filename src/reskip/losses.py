@@ -207,3 +207,56 @@ def head_losses(h_full: torch.Tensor, h_skip: torch.Tensor, h_teacher: torch.Ten
         raise ValueError("head_losses needs a frozen LM head: it computes no gradient for it")
     targets = next_token_targets(labels)  # (B, T)
     return _HeadLosses.apply(h_full, h_skip, h_teacher.detach(), weight, bias, softcap, targets, chunk, want_costs)
+
+
+def ce_chunk_terms(z: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor, cap: torch.Tensor | None):
+    """One chunk's CE sum and its gradient d ce / d (head output) (N, V) in z's dtype, from logits z (N, V) in the
+    model's dtype (consumed in float32), targets (N,) >= 0, valid (N,) bool; cap: d logits / d head output under
+    a soft-cap, else None. Reductions in float32; the (N, V) array read as few times as eager PyTorch allows."""
+    picked = targets.unsqueeze(-1)  # (N, 1)
+    dtype = z.dtype
+    z = z.float()
+    lse = z.logsumexp(-1, keepdim=True)  # (N, 1)
+    nll = (lse - z.gather(-1, picked)).squeeze(-1) * valid  # (N,)
+    dz = z.sub_(lse).exp_().scatter_add_(-1, picked, torch.full_like(lse, -1.0))  # softmax - onehot
+    dz = (dz if cap is None else dz.mul_(cap)).mul_(valid.unsqueeze(-1))
+    return nll.sum(), dz.to(dtype)
+
+
+class _HeadCE(torch.autograd.Function):
+    """`_HeadLosses` for cross-entropy alone: CE from final hidden states through a frozen LM head, a chunk of
+    positions at a time, each chunk's gradient with respect to its hidden states computed at once (no (B, T, V)
+    tensor is held, and the (N, V) work is fused where it pays)."""
+
+    @staticmethod
+    def forward(ctx, h, weight, bias, softcap, targets, chunk):
+        B, T, d = h.shape
+        g = torch.zeros_like(h)  # (B, T, d)
+        ce = torch.zeros((), dtype=torch.float32, device=h.device)
+        terms = fused(ce_chunk_terms, B * min(chunk, T) * weight.shape[0])
+        for a in range(0, T, chunk):
+            sl = slice(a, min(a + chunk, T))
+            t = targets[:, sl].reshape(-1)  # (N,) with N = B c
+            z, cap = _capped(F.linear(h[:, sl].reshape(-1, d), weight, bias), softcap)  # (N, V)
+            c_ce, dz = terms(z, t.clamp_min(0), t != -100, cap)
+            del z, cap
+            ce += c_ce
+            g[:, sl] = (dz.to(weight.dtype) @ weight).view(B, -1, d).to(g.dtype)
+            del dz
+        ctx.save_for_backward(g)
+        return ce
+
+    @staticmethod
+    def backward(ctx, grad_ce):
+        (g,) = ctx.saved_tensors
+        return g * grad_ce, None, None, None, None, None
+
+
+def head_ce(h: torch.Tensor, head, labels: torch.Tensor, chunk: int) -> torch.Tensor:
+    """`ce_sum` of the logits that final hidden states h (B, T, d) give through the frozen `head` (weight, bias,
+    softcap), `chunk` positions at a time: the same value and gradient with respect to h, without (B, T, V)
+    logits."""
+    weight, bias, softcap = head
+    if weight.requires_grad or (bias is not None and bias.requires_grad):
+        raise ValueError("head_ce needs a frozen LM head: it computes no gradient for it")
+    return _HeadCE.apply(h, weight, bias, softcap, next_token_targets(labels), chunk)

@@ -30,12 +30,14 @@ from ..data.packing import Packed
 from ..data.sources import load_splits
 from ..errors import ReskipError
 from ..io_atomic import atomic_folder, atomic_write_json, atomic_write_text
-from ..losses import ce_sum, ce_tokens
+from .. import compat
+from ..losses import ce_sum, ce_tokens, head_ce
 from ..progress import Progress
 from ..reading import read_json, read_yaml
 from ..runs import RunFolder
 from ..train.config import TrainConfig, load_yaml
 from ..train.log import append_record, read_log, records, truncate_after
+from ..train.checkpoint import latest_checkpoint
 from ..train.loop import check_against_backbone, prepare_data
 from ..train.schedules import learning_rate
 from .lora import add_lora, matched_lora_config, trainable_parameters
@@ -153,9 +155,16 @@ def _optimizer_step(run: LoraRun) -> dict:
     micro = cfg.batch_size // cfg.grad_accum
     total = 0.0
     run.model.train()
+    body, head = compat.decoder_body(run.model.get_base_model()), compat.output_head(run.model.get_base_model())
     for m in range(cfg.grad_accum):
         sl = slice(m * micro, (m + 1) * micro)
-        loss = ce_sum(run.model(input_ids=ids[sl], use_cache=False).logits, labels[sl]) / n_targets
+        # the recipe's head: CE a chunk of positions at a time (`losses.head_ce`), so both methods pay the same
+        # for the LM head; whole logits with loss_chunk null
+        if cfg.loss_chunk:
+            h = body(input_ids=ids[sl], use_cache=False).last_hidden_state  # (b, T, d), through the LoRA layers
+            loss = head_ce(h, head, labels[sl], cfg.loss_chunk) / n_targets
+        else:
+            loss = ce_sum(run.model(input_ids=ids[sl], use_cache=False).logits, labels[sl]) / n_targets
         if not torch.isfinite(loss):
             raise ReskipError(f"loss became {loss.item()} at step {step} (lr={lr:.2e}): lower --lr")
         loss.backward()
@@ -189,15 +198,17 @@ def _save_checkpoint(run: LoraRun) -> None:
 
 
 def _resume(run: LoraRun) -> None:
-    pointer = run.files.checkpoints / "latest"
-    if not pointer.is_file():
+    ckpt = latest_checkpoint(run.files.root, STATE_NAME)
+    if ckpt is None:
         if run.files.train_log.exists():
             run.files.train_log.unlink()
         return
-    ckpt = run.files.checkpoints / pointer.read_text().strip()
     set_peft_model_state_dict(run.model, load_file(ckpt / "adapter_model.safetensors"))
     state = torch.load(ckpt / STATE_NAME, weights_only=True)
     run.optimizer.load_state_dict(state["optimizer"])
+    if not 0 < state["step"] <= run.cfg.steps:
+        raise ReskipError(f"{ckpt} is at step {state['step']}, outside this run's 1..{run.cfg.steps}: remove the "
+                          f"folder {run.files.root} to train the arm anew")
     run.step = state["step"]
     truncate_after(run.files.train_log, run.step)
 

@@ -139,8 +139,8 @@ def _train_arm(method: str, cfg: TrainConfig, where: Path, target: int, costs: B
     """Train one arm (or read it when finished); its row of the sweep."""
     files = RunFolder(where)
     if method == "recipe":
-        if files.config.is_file() and TrainConfig.from_file(files.config) != dataclasses.replace(
-                cfg, dtype=resolve_dtype_name(cfg.dtype)):
+        if files.config.is_file() and TrainConfig.from_file(files.config).to_dict() != dataclasses.replace(
+                cfg, dtype=resolve_dtype_name(cfg.dtype)).to_dict():
             raise ReskipError(f"{where} holds a recipe run of other settings (its config.yaml differs): remove it")
         if not files.summary.is_file():
             train(cfg, where, resume=latest_checkpoint(where) is not None, show_progress=progress, overwrite=True)

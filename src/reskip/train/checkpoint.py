@@ -8,6 +8,7 @@ tensors and plain containers only, never arbitrary objects.
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from ..ar_retrofit.model import ReskipModel
 from ..runs import RunFolder
 
 STATE_NAME = "trainer_state.pt"
+CHECKPOINT_NAME = re.compile(r"step-\d{6}")
 KEEP = 2
 
 
@@ -51,12 +53,20 @@ def save_checkpoint(run_dir: Path, step: int, model: ReskipModel, optimizer, tok
     return final
 
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    pointer = checkpoints_dir(run_dir) / "latest"
-    if not pointer.is_file():
-        return None
-    path = checkpoints_dir(run_dir) / pointer.read_text().strip()
-    return path if (path / STATE_NAME).is_file() else None
+def latest_checkpoint(run_dir: Path, state_name: str = STATE_NAME) -> Path | None:
+    """The newest complete checkpoint of this run: the one `checkpoints/latest` names when it names a checkpoint
+    folder of this run's own (`step-NNNNNN`, nothing outside it) holding its trainer state; else the newest such
+    folder there is (a pointer cut short or edited is not followed); None when there is none."""
+    root = checkpoints_dir(run_dir)
+    pointer = root / "latest"
+    try:
+        name = pointer.read_text(encoding="utf-8").strip() if pointer.is_file() else ""
+    except (UnicodeDecodeError, OSError):
+        name = ""
+    if CHECKPOINT_NAME.fullmatch(name) and (root / name / state_name).is_file():
+        return root / name
+    complete = sorted(p for p in root.glob("step-*") if CHECKPOINT_NAME.fullmatch(p.name) and (p / state_name).is_file())
+    return complete[-1] if complete else None
 
 
 def load_checkpoint(path: Path, model: ReskipModel, optimizer) -> dict:

@@ -196,6 +196,9 @@ def open_training(cfg: TrainConfig, run_dir: Path, resume: bool, show_progress: 
             raise ReskipError(f"{run_dir} has no checkpoint to resume from")
         state = load_checkpoint(ckpt, model, optimizer)
         start, tokens_seen = state["step"], state["tokens_seen"]
+        if not 0 < start <= cfg.steps:
+            raise ReskipError(f"{ckpt} is at step {start}, outside this run's 1..{cfg.steps}: it is not this run's "
+                              "checkpoint; train into another --out")
     objective, optimizer = accelerator.prepare(RetrofitObjective.of(model, cfg), optimizer)
     if accelerator.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
