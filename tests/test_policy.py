@@ -153,7 +153,7 @@ def test_a_held_budget_keeps_its_rate_where_fixed_thresholds_drift():
     fixed = ReSkip(tau={4: 0.75}, eligible={4}, max_skips=1)
     assert rate(fixed, 0.0) == pytest.approx(0.25, abs=0.03)
     assert rate(fixed, 0.3) == pytest.approx(0.55, abs=0.03)
-    held = HeldReSkip(tau={4: 0.75}, eligible={4}, max_skips=1, share={4: 0.25}, seed_values={4: grid}, span=256)
+    held = HeldReSkip(tau={4: 0.75}, eligible={4}, max_skips=1, share={4: 0.25}, seed_values={4: grid})
     assert rate(held, 0.0) == pytest.approx(0.25, abs=0.03)
     assert rate(held, 0.3) == pytest.approx(0.25, abs=0.03)
     assert not held.pure and held.reads_signal(4) and not held.skip(4, 9.0, 1, 0)  # the per-step cap still holds
@@ -175,4 +175,6 @@ def test_held_budget_specs_parse_and_build_from_the_frontier(tiny_policy):
     assert isinstance(held, HeldReSkip) and held.name == "reskip:budget=1:held"
     fixed = pf.budget(1.0)
     assert held.tau == fixed.tau == {2: 0.3} and held.always == fixed.always == {3} and held.share == {2: 0.5}
-    assert list(held.recent[2]) == pf.blocks[2]["w_recent_quantiles"]  # the window starts as calibration's
+    grid = pf.blocks[2]["w_recent_quantiles"]  # the window starts as calibration's distribution, thinned evenly
+    assert len(held.recent[2]) == held.span and held.recent[2][0] == grid[0] and held.recent[2][-1] == grid[-1]
+    assert sorted(held.recent[2]) == list(held.recent[2])

@@ -89,11 +89,16 @@ class HeldReSkip(ReSkip):
 
     share: dict[int, float] = field(default_factory=dict)
     seed_values: dict[int, list[float]] = field(default_factory=dict)
-    span: int = 256
+    span: int = 64
     pure = False
 
     def __post_init__(self):
-        self.recent = {n: deque(self.seed_values.get(n, ()), maxlen=self.span) for n in self.tau}
+        def spread(values: list[float]) -> list[float]:  # the grid thinned evenly to the window's length
+            if len(values) <= self.span:
+                return list(values)
+            return [values[round(i * (len(values) - 1) / (self.span - 1))] for i in range(self.span)]
+
+        self.recent = {n: deque(spread(self.seed_values.get(n, [])), maxlen=self.span) for n in self.tau}
 
     def skip(self, n, w_recent, skipped_so_far, step):
         if n not in self.eligible or skipped_so_far >= self.max_skips:
