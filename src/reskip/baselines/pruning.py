@@ -53,6 +53,10 @@ class BlockCosts:
         return {"blocks": self.blocks, "A": {str(n): a for n, a in self.A.items()},
                 "cos_in_out": {str(n): c for n, c in self.cos_in_out.items()}}
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "BlockCosts":
+        return cls(d["blocks"], {int(k): v for k, v in d["A"].items()}, {int(k): v for k, v in d["cos_in_out"].items()})
+
 
 def backbone_block_costs(model: nn.Module, data: Packed, block_size: int, boundaries: list[int] | None = None,
                          batch_size: int = 4, progress=None) -> BlockCosts:

@@ -118,20 +118,24 @@ def _chosen_arms(arms: list[str] | None) -> set[str]:
 
 def _block_costs(pc: PipelineConfig, folder: Path, show) -> BlockCosts:
     """The backbone's A(n) and block influence on the calibration split (the calibrate stage's sequences),
-    computed once and kept in the experiment's folder."""
+    computed once and kept in the experiment's folder with the settings they were measured under (other
+    settings measure them anew)."""
+    cfg = pc.train_config()
+    rc = cfg.retrofit_config()
+    n_seq = PRESETS[pc.preset]["calibrate"]["sequences"]
+    settings = {"model": cfg.model, "data": list(cfg.data), "dtype": resolve_dtype_name(cfg.dtype),
+                "seq_len": cfg.seq_len, "sequences": n_seq, "block_size": rc.block_size, "boundaries": rc.boundaries}
     path = folder / COSTS_FILE
     if path.is_file():
         d = read_json(path)
-        return BlockCosts(d["blocks"], {int(k): v for k, v in d["A"].items()},
-                          {int(k): v for k, v in d["cos_in_out"].items()})
-    cfg = pc.train_config()
-    rc = cfg.retrofit_config()
+        if d.get("settings") == settings:
+            return BlockCosts.from_dict(d)
     splits, _ = load_splits(cfg.data)
     model, tok = load_backbone(cfg.model, cfg.dtype, cfg.trust_remote_code)
-    data = pack(tok, splits["calib"], cfg.seq_len, PRESETS[pc.preset]["calibrate"]["sequences"], seed=0)
+    data = pack(tok, splits["calib"], cfg.seq_len, n_seq, seed=0)
     show(f"[experiment baselines] the backbone's block costs on {len(data)} calibration sequences")
     costs = backbone_block_costs(model, data, rc.block_size, rc.boundaries)
-    atomic_write_json(path, costs.to_dict())
+    atomic_write_json(path, {**costs.to_dict(), "settings": settings})
     return costs
 
 
