@@ -422,3 +422,50 @@ def test_the_checkpoint_pointer_is_never_followed_out_of_the_run(tmp_path):
         assert latest_checkpoint(tmp_path / "run").name == expected
     pointer.write_bytes(b"\xff\xfe\x00")
     assert latest_checkpoint(tmp_path / "run").name == "step-000050"
+
+
+def test_a_second_writer_of_a_run_folder_is_refused_and_the_first_unharmed(tiny_run, tmp_path, capsys):
+    """While one process writes a run (it holds RUN/.lock), `reskip train --out` the same folder is refused in one
+    line before anything loads or is removed; the same process may take the lock again (the pipeline's stages)."""
+    from reskip.cli import main
+    from reskip.run_lock import writing
+
+    cfg = tiny_run()
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text("mine: 1\n")
+    import multiprocessing
+
+    ready, done = multiprocessing.Event(), multiprocessing.Event()
+    holder = multiprocessing.get_context("fork").Process(target=_hold_lock, args=(run, ready, done))
+    holder.start()
+    try:
+        assert ready.wait(30)
+        code = main(["train", "--model", cfg.model, "--data", *cfg.data, "--seq-len", "16", "--steps", "2",
+                     "--block-size", "2", "--rank", "8", "--overwrite", "--out", str(run)])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and "being written by another reskip process (pid" in err[0]
+        assert (run / "config.yaml").read_text() == "mine: 1\n" and (run / "checkpoints").is_dir()
+    finally:
+        done.set()
+        holder.join(30)
+    with writing(run), writing(run):  # re-entrant in one process
+        pass
+
+
+def _hold_lock(run, ready, done):
+    from reskip.run_lock import writing
+
+    with writing(run):
+        ready.set()
+        done.wait(60)
+
+
+def test_a_refused_write_leaves_no_lock_behind(tmp_path):
+    from reskip.errors import ReskipError
+    from reskip.run_lock import writing
+
+    with pytest.raises(ReskipError):
+        with writing(tmp_path / "new" / "run"):
+            raise ReskipError("bad input")
+    assert not list(tmp_path.iterdir())

@@ -32,6 +32,7 @@ from .train.checkpoint import latest_checkpoint
 from .train.config import TrainConfig
 from .train.log import format_summary
 from .train.loop import check_against_backbone, train
+from .run_lock import writing
 from .runs import RunFolder
 
 HELDOUT = ("kjv",)  # `reskip.data.heldout`: a source no stage trains or calibrates on
@@ -125,6 +126,11 @@ def run_pipeline(run_dir: Path, config: PipelineConfig | None = None, resume: bo
         raise ReskipError(f"{run.root} is not a pipeline run folder (no pipeline.json)")
     if not resume and run.pipeline.is_file():
         raise ReskipError(f"{run.root} already holds a run: use --resume {run.root} or another --out")
+    with writing(run.root):
+        return _run_stages(run, config, resume)
+
+
+def _run_stages(run: RunFolder, config: PipelineConfig | None, resume: bool) -> dict:
     state = _state(run)
     if resume:
         config = config_of(state)  # the run's own settings, whatever was passed

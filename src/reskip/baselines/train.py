@@ -34,6 +34,7 @@ from .. import compat
 from ..losses import ce_sum, ce_tokens, head_ce
 from ..progress import Progress
 from ..reading import read_json, read_yaml
+from ..run_lock import writing
 from ..runs import RunFolder
 from ..train.config import TrainConfig, load_yaml
 from ..train.log import append_record, read_log, records, truncate_after
@@ -109,6 +110,11 @@ def train_lora(cfg: TrainConfig, arm: LoraArm, run_dir: Path, show_progress: boo
     cfg.validate()
     check_against_backbone(cfg)
     splits, _ = load_splits(cfg.data)
+    with writing(files.root):
+        return _train(cfg, arm, files, splits, text, show_progress)
+
+
+def _train(cfg: TrainConfig, arm: LoraArm, files: RunFolder, splits, text: str, show_progress: bool) -> dict:
     run = _open(cfg, arm, files, splits)
     files.root.mkdir(parents=True, exist_ok=True)
     atomic_write_text(files.config, text)

@@ -12,6 +12,7 @@ from ..ar_retrofit.adapter_io import read_adapter_config
 from ..ar_retrofit.model_card import write_card
 from ..backbones.dtypes import describe, resolve_dtype_name
 from ..errors import ReskipError, check_range
+from ..run_lock import writing
 from .budget import calibrate_budgets
 from .calibration import calibrate
 from .options import CalibrateOptions
@@ -45,6 +46,12 @@ def calibrate_run(run, options: CalibrateOptions = CalibrateOptions()) -> tuple[
     if out.is_dir():
         raise ReskipError(f"--out {out} is a folder: give the policy file's path (e.g. {out / 'policy.json'})")
     # A policy file already there (another calibration, or one of the adapter before a retraining) is replaced.
+    with writing(out.parent):
+        return _calibrate(run, options, source, source_specs, splits, record, out)
+
+
+def _calibrate(run, options: CalibrateOptions, source, source_specs: list[str], splits, record, out: Path
+               ) -> tuple[PolicyFile, Path]:
     opened = open_run(run, model=options.model, dtype=options.dtype,
                       trust_remote_code=options.trust_remote_code, use_policy=False)
     seq_len = options.seq_len or source.seq_len

@@ -26,6 +26,7 @@ from ..io_atomic import atomic_write_json, atomic_write_text
 from ..ar_retrofit.blocks import retrofit_blocks
 from ..ar_retrofit.model import ReskipModel, retrofit
 from ..progress import Progress
+from ..run_lock import writing
 from ..runs import RunFolder
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import TrainConfig
@@ -111,7 +112,12 @@ def train(
 
     A folder that holds another training run is refused unless `overwrite` (its training files are then
     removed); `resume` continues the folder's own run, and settings that contradict it are refused."""
-    run = open_training(cfg, Path(run_dir), resume, show_progress, overwrite)
+    with writing(Path(run_dir)):
+        return _train(cfg, Path(run_dir), resume, on_step_end, show_progress, overwrite)
+
+
+def _train(cfg: TrainConfig, run_dir: Path, resume: bool, on_step_end, show_progress: bool, overwrite: bool) -> dict:
+    run = open_training(cfg, run_dir, resume, show_progress, overwrite)
     cfg = run.cfg
     if run.step == 0:
         validate(run)

@@ -1,0 +1,59 @@
+"""One writer per run folder: a process that writes into a run holds `RUN/.lock` (an advisory `flock`) for the
+length of the write, and a second process that would write into the same folder is refused in one line instead
+of logging every step twice or replacing files under the first. The lock is released when the process ends,
+however it ends (a killed process leaves no stale lock). Re-entrant within one process: the pipeline holds it
+across its stages, which take it again."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from pathlib import Path
+
+from .errors import ReskipError
+
+LOCK_NAME = ".lock"
+_held: dict[Path, list] = {}  # resolved run folder -> [open lock file, depth]
+
+
+@contextlib.contextmanager
+def writing(root: Path):
+    """Hold `root`'s lock while the body writes into it (the folder is created if needed)."""
+    root = Path(root).resolve()
+    if root in _held:
+        _held[root][1] += 1
+        try:
+            yield
+        finally:
+            _held[root][1] -= 1
+        return
+    created = [p for p in (root, *root.parents) if not p.exists()]  # what taking the lock makes
+    root.mkdir(parents=True, exist_ok=True)
+    f = open(root / LOCK_NAME, "a+")  # noqa: SIM115 - held open for the body's length
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        raise ReskipError(f"{root} is being written by another reskip process ({holder}); wait for it to finish, "
+                          "or write into another --out") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"pid {os.getpid()}")
+    f.flush()
+    _held[root] = [f, 1]
+    try:
+        yield
+    except BaseException:
+        # a refusal before anything was written leaves nothing behind: not the lock, not the folders it made
+        if created and [p.name for p in root.iterdir()] == [LOCK_NAME]:
+            (root / LOCK_NAME).unlink()
+            for folder in created:
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+        raise
+    finally:
+        _held.pop(root)
+        f.close()
