@@ -158,7 +158,7 @@ def test_baselines_experiment_trains_every_method_at_every_lr_and_reads_them_aga
     assert abs(r["sweep"][r["chosen"]["lora"]]["params"] - r["target_params"]) <= 256
     for d in r["intervals"].values():
         assert d["lo"] <= d["mean"] <= d["hi"]
-    assert len(r["claims"]) == 6 and "Nothing skipped" in r["verdict"]
+    assert len(r["claims"]) == 6 and "Nothing skipped, retrofit" in r["verdict"] and "on kjv" in r["verdict"]
     md = (folder / "results.md").read_text()
     assert "healed-static:1" in md and "The learning-rate sweep" in md
     assert (folder / "frontier.png").read_bytes()[:4] == b"\x89PNG"

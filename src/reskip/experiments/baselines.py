@@ -360,18 +360,16 @@ def verdict(r: dict) -> str:
     iv = r["intervals"]
 
     def said(subject: str, a: str, b: str, other: str) -> str:
-        pair = [iv.get(f"{a} - {b} ({s})") for s in SPLITS]
-        if None in pair:
-            return f"{subject}: not measured on this model."
-        if all(d["hi"] < 0 for d in pair):
-            how = "beats"
-        elif all(d["lo"] > 0 for d in pair):
-            how = "loses to"
-        else:
-            how = "is not separated from"
-        return (f"{subject}, {a} {how} {other} on test and kjv ({a} - {b}, ppl / backbone: test {_ci(pair[0])}, "
-                f"kjv {_ci(pair[1])}).")
+        parts = []
+        for s in SPLITS:
+            d = iv.get(f"{a} - {b} ({s})")
+            if d is None:
+                return f"{subject}: not measured on this model."
+            how = "beats" if d["hi"] < 0 else "loses to" if d["lo"] > 0 else "is not separated from"
+            parts.append(f"{how} {other} on {s} ({_ci(d)})")
+        return f"{subject}, {a} " + " and ".join(parts) + "."
 
-    return " ".join([said("Nothing skipped", "retrofit", "lora", "a LoRA of the same trainable parameters"),
+    return " ".join(["Differences of perplexity / backbone with 95% intervals.",
+                     said("Nothing skipped", "retrofit", "lora", "a LoRA of the same trainable parameters"),
                      said("At one block per step", "reskip:budget=1", "healed-static:1", "LoRA-healed static pruning"),
                      said("At two blocks per step", "reskip:budget=2", "healed-static:2", "LoRA-healed static pruning")])

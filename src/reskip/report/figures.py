@@ -310,27 +310,27 @@ def fig_baselines(result: dict):
     """`reskip experiment baselines`: perplexity / backbone against blocks skipped per step, every method, on the
     test split and kjv."""
     rows = result["rows"]
-    style = {"backbone": ("black", "o"), "retrofit": ("tab:blue", "s"), "lora": ("tab:green", "s"),
-             "reskip": ("tab:blue", "D"), "static": ("tab:orange", "^"), "pruned": ("tab:gray", "x"),
-             "healed-static": ("tab:green", "v")}
+    curves = {  # label: (rows in order of compute, colour, marker)
+        "retrofit + ReSkip budgets": (("retrofit", "reskip:budget=1", "reskip:budget=2"), "tab:blue", "D"),
+        "ReSkip budgets, held": (("reskip:budget=1:held", "reskip:budget=2:held"), "tab:cyan", "d"),
+        "retrofit + static (learned shortcut)": (("retrofit", "static:1", "static:2"), "tab:orange", "^"),
+        "LoRA, then LoRA-healed static": (("lora", "healed-static:1", "healed-static:2"), "tab:green", "v"),
+        "backbone, then pruned (no healing)": (("backbone", "pruned:1", "pruned:2"), "tab:gray", "x"),
+    }
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for ax, split in zip(axes, ("test", "kjv")):
-        families: dict[str, list] = {}
-        for name, r in rows.items():
-            family = name.split(":")[0]
-            families.setdefault(family, []).append((r["blocks_skipped"][split], r["ppl_ratio"][split], name))
-        for family, pts in families.items():
-            color, marker = style.get(family, ("tab:purple", "o"))
-            pts.sort()
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, color=color, label=family,
-                    ls="-" if len(pts) > 1 else "none")
+        for label, (names, color, marker) in curves.items():
+            pts = [(rows[n]["blocks_skipped"][split], rows[n]["ppl_ratio"][split]) for n in names if n in rows]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, color=color, label=label)
         ax.axhline(1.0, color="black", lw=0.6, ls=":")
         ax.set_xlabel("blocks skipped per step (measured)")
-        ax.set_ylabel("perplexity / backbone")
+        ax.set_ylabel("perplexity / backbone (log scale)")
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%.2g"))
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%.2g"))
         ax.set_title(f"{split}: quality against compute")
     handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=len(labels), bbox_to_anchor=(0.5, -0.06), frameon=False)
+    fig.legend(handles, labels, loc="lower center", ncol=3, bbox_to_anchor=(0.5, -0.13), frameon=False)
     caption = ("Perplexity against the backbone's (log scale) at the blocks each method skips per step, measured on "
                "the test split and on kjv (no stage trained or calibrated on it): the retrofit and its ReSkip budgets "
                "and static pruning with the learned shortcut, a LoRA of the same trainable parameters, the cheapest "
