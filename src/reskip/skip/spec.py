@@ -89,7 +89,7 @@ def parse_spec(text: str, kinds: tuple[str, ...] = POLICY_KINDS, allow_path: boo
     if kind == "reskip":
         if args and args[0].startswith("budget="):
             if len(args) > 2 or (len(args) == 2 and args[1] != "held"):
-                raise SpecError(f"reskip:budget=B takes at most ':held' after it, got {text!r}")
+                raise SpecError(f"reskip:budget=B takes no further arguments but ':held', got {text!r}")
             b = _number(args[0][len("budget="):], float, "budget B", text, 0.0)
             return Spec(kind, text, budget=b, held=len(args) == 2)
         if len(args) > 2:
