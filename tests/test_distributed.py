@@ -118,6 +118,8 @@ def test_signal_and_local_terms_reduce_across_processes():
         assert sig1 != 0 and local1 == pytest.approx(1.0)
         # To float32 rounding, relative to the largest gradient entry: the signal term's gradient on
         # a source bias is a near-cancelling sum (a correlation ignores a shift of alpha), so its
-        # rounding is large against that small gradient, not against the others.
+        # rounding is large against that small gradient, not against the others. Measured: up to
+        # 5.5e-4 of the scale on an AMD EPYC host (below 1e-4 on the Xeon this was written on); a
+        # reduction that went wrong differs in the leading digits.
         scale = max(abs(a).max() for a in g1)
-        assert max(abs(a - b).max() for a, b in zip(g1, g2)) <= 1e-4 * scale
+        assert max(abs(a - b).max() for a, b in zip(g1, g2)) <= 2e-3 * scale

@@ -44,8 +44,8 @@ def test_chunked_losses_equal_whole_logits(family, softcap):
     whole, g_whole = _terms_and_grads(rm, ids, labels, None)
     for chunk in (5, 12, 64):  # a ragged last chunk, one chunk, a chunk longer than the sequence
         part, g_part = _terms_and_grads(rm, ids, labels, chunk)
-        for k in ("loss", "ce", "kl", "ent"):
-            assert part[k].item() == pytest.approx(whole[k].item(), rel=1e-6), k
+        for k in ("loss", "ce", "kl", "ent"):  # float32 sums in another order: 1.2e-6 measured on an AMD EPYC host
+            assert part[k].item() == pytest.approx(whole[k].item(), rel=3e-6), k
         _close(g_whole, g_part)
 
 

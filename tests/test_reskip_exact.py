@@ -174,7 +174,8 @@ def test_rows_scoring_decides_each_row_as_it_would_alone(family, shortcut):
                 seen[n].append(w)
     paths, most = set(), {}
     for q, max_skips in ((0.5, 1), (0.5, 2), (0.1, 2), (0.9, 2)):  # thresholds at the q-quantile of the signal
-        tau = {n: sorted(v)[int(q * len(v))] for n, v in seen.items()}
+        # midway between two observed values, so float32 rounding of the batched pass cannot flip a decision
+        tau = {n: sum(sorted(v)[max(0, int(q * len(v)) - 1): int(q * len(v)) + 1]) / 2 for n, v in seen.items()}
         policy = ReSkip(tau=tau, eligible={2, 3}, max_skips=max_skips)
         logits, traces = score_rows(rm, ids, policy, window=3, chunk_size=3)
         assert logits.shape == (4, 15, VOCAB)
@@ -183,7 +184,9 @@ def test_rows_scoring_decides_each_row_as_it_would_alone(family, shortcut):
             assert [(t.start, t.length, t.skipped) for t in traces[b]] == [(t.start, t.length, t.skipped) for t in trace]
             for mine, ref in zip(traces[b], trace):
                 assert mine.w_recent == pytest.approx(ref.w_recent, abs=1e-6)
-            torch.testing.assert_close(logits[b : b + 1], alone, rtol=1e-5, atol=1e-5)
+            # a batched row and the row alone: float32 products of other shapes (1.1e-5 measured on one of 1,440
+            # logits on an AMD EPYC host); a wrong decision would move whole blocks' worth
+            torch.testing.assert_close(logits[b : b + 1], alone, rtol=1e-5, atol=3e-5)
         for j in range(5):  # how each block ran at each step: on no row, on every row, on some
             for n in (2, 3):
                 rows = sum(n in traces[b][j].skipped for b in range(4))

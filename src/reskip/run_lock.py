@@ -2,7 +2,8 @@
 length of the write, and a second process that would write into the same folder is refused in one line instead
 of logging every step twice or replacing files under the first. The lock is released when the process ends,
 however it ends (a killed process leaves no stale lock). Re-entrant within one process: the pipeline holds it
-across its stages, which take it again."""
+across its stages, which take it again. In a distributed job (torchrun, accelerate launch) rank 0 holds it for
+the job."""
 
 from __future__ import annotations
 
@@ -21,6 +22,9 @@ _held: dict[Path, list] = {}  # resolved run folder -> [open lock file, depth]
 def writing(root: Path):
     """Hold `root`'s lock while the body writes into it (the folder is created if needed)."""
     root = Path(root).resolve()
+    if os.environ.get("RANK", "0") != "0":  # a data-parallel job's other processes: rank 0 writes, and holds it
+        yield
+        return
     if root in _held:
         _held[root][1] += 1
         try:
