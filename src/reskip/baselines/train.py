@@ -15,7 +15,7 @@ import dataclasses
 import math
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -92,7 +92,6 @@ class LoraRun:
     accounting: dict
     step: int = 0
     ppl_backbone: float | None = None
-    log: list = field(default_factory=list)
 
 
 def train_lora(cfg: TrainConfig, arm: LoraArm, run_dir: Path, show_progress: bool = True) -> dict:
