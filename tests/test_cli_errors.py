@@ -115,6 +115,8 @@ BAD = [
     (["calibrate", "--adapter", "{run}", "--budgets", "1e400"], "--budgets"),
     (["train", "--out", "{files}/latin1.json/sub"], "is a file, not a folder"),
     (["train", "--config", "{files}/aliases.yaml", "--out", "{tmp}/t"], "aliases"),
+    (["train", "--lr", "0x10", "--out", "{tmp}/t"], "lr must be a finite number"),
+    (["train", "--steps", "0o10", "--out", "{tmp}/t"], "steps must be an integer"),
 ]
 
 
@@ -274,3 +276,12 @@ def test_written_files_follow_the_umask(tmp_path):
         os.umask(old)
     assert (tmp_path / "a.json").stat().st_mode & 0o777 == 0o644
     assert (tmp_path / "f").stat().st_mode & 0o777 == 0o755
+
+
+def test_config_numbers_are_read_as_yaml_1_2():
+    """Decimal digits are integers (010 is ten, as in JSON and YAML 1.2); YAML 1.1's hex, octal and sexagesimal forms
+    stay strings, which validation refuses by name (`--lr 0x10` is not 16)."""
+    from reskip.train.config import load_yaml
+
+    assert load_yaml("a: 010\nb: -3\nc: 1e-3\nd: 0x10\ne: 0o10\nf: 1:30") == {
+        "a": 10, "b": -3, "c": 0.001, "d": "0x10", "e": "0o10", "f": "1:30"}

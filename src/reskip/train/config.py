@@ -29,6 +29,12 @@ class _Yaml12Loader(yaml.SafeLoader):
 
 _Yaml12Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
+# YAML 1.1 also reads 0x10, 0o10, 010, 0b10 and 1:30 as integers (`--lr 0x10` would be 16); JSON and YAML 1.2 read
+# decimal digits only, and so does reskip: anything else stays a string, which validation refuses by name.
+for _first, _resolvers in list(_Yaml12Loader.yaml_implicit_resolvers.items()):
+    _Yaml12Loader.yaml_implicit_resolvers[_first] = [r for r in _resolvers if r[0] != "tag:yaml.org,2002:int"]
+_Yaml12Loader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^[-+]?[0-9]+$"), list("-+0123456789"))
+_Yaml12Loader.add_constructor("tag:yaml.org,2002:int", lambda loader, node: int(loader.construct_scalar(node), 10))
 
 
 def load_yaml(text: str):
