@@ -200,9 +200,12 @@ def _measure(pc: PipelineConfig, folder: Path, best: dict, costs: BlockCosts, sh
     n_seq = PRESETS[pc.preset]["eval"]["sequences"]
     n_layers = sum(len(b) for b in costs.blocks)
 
-    def row_of(model, tok, skipped: int, layers_removed: int) -> dict:
-        seqs = {"test": pack(tok, data["test"], cfg.seq_len, n_seq, seed=0),
-                "kjv": pack(tok, held["test"], cfg.seq_len, n_seq, seed=0)}
+    model, tok = load_backbone(cfg.model, ev["meta"]["dtype"], cfg.trust_remote_code)
+    # packed once: every arm shares the backbone's tokenizer
+    seqs = {"test": pack(tok, data["test"], cfg.seq_len, n_seq, seed=0),
+            "kjv": pack(tok, held["test"], cfg.seq_len, n_seq, seed=0)}
+
+    def row_of(model, skipped: int, layers_removed: int) -> dict:
         row = {"blocks_skipped": {s: skipped for s in SPLITS},
                "flops_executed_share": {s: 1 - layers_removed / n_layers for s in SPLITS}, "per_sequence": {}}
         for s in SPLITS:
@@ -210,19 +213,18 @@ def _measure(pc: PipelineConfig, folder: Path, best: dict, costs: BlockCosts, sh
             row["per_sequence"][s] = {"nll": nll, "targets": targets}
         return row
 
-    model, tok = load_backbone(cfg.model, ev["meta"]["dtype"], cfg.trust_remote_code)
-    check = row_of(model, tok, 0, 0)  # the backbone scored by this path: the eval's ratio denominator, re-measured
+    check = row_of(model, 0, 0)  # the backbone scored by this path: the eval's ratio denominator, re-measured
     for k in (1, 2):
         show(f"[experiment baselines] measuring pruned:{k} (no healing)")
-        model, tok = load_backbone(cfg.model, ev["meta"]["dtype"], cfg.trust_remote_code)
+        model, _ = load_backbone(cfg.model, ev["meta"]["dtype"], cfg.trust_remote_code)
         blocks = costs.cheapest(k)
-        rows[f"pruned:{k}"] = row_of(prune(model, costs.layers_of(blocks)), tok, k, len(costs.layers_of(blocks)))
+        rows[f"pruned:{k}"] = row_of(prune(model, costs.layers_of(blocks)), k, len(costs.layers_of(blocks)))
     for method in METHODS[1:]:
         show(f"[experiment baselines] measuring {best[method]}")
         where = folder / "arms" / arm_slug(best[method])
-        model, tok = load_lora_run(where, ev["meta"]["dtype"])
+        model, _ = load_lora_run(where, ev["meta"]["dtype"])
         arm = read_json(RunFolder(where).summary)
-        rows[method] = row_of(model, tok, len(arm["drop_blocks"]), len(arm["drop_layers"]))
+        rows[method] = row_of(model, len(arm["drop_blocks"]), len(arm["drop_layers"]))
     back = {s: rows["backbone"]["per_sequence"][s] for s in SPLITS}
     for name, row in rows.items():
         row["ppl_ratio"] = {s: _ratio(row["per_sequence"][s], back[s]) for s in SPLITS}
