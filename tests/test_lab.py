@@ -73,6 +73,14 @@ def test_a_run_measures_the_change_against_the_baseline(session):
                                        "at most 256")]:
         with pytest.raises(LabError, match=words):
             session.run(text, change, pred)
+    from reskip.lab import session as lab_session
+
+    limit, lab_session.MAX_HISTORY = lab_session.MAX_HISTORY, 2
+    try:  # the history keeps the newest runs only
+        last = session.run("w7 w8 w9", {"variable": "window", "value": 2}, {"direction": "better"})
+        assert len(last["history"]) == 2 and last["history"][-1]["change"] == {"variable": "window", "value": 2}
+    finally:
+        lab_session.MAX_HISTORY = limit
     session.lock.acquire()
     try:
         with pytest.raises(LabError, match="a run is in progress"):
@@ -135,8 +143,53 @@ def test_bad_requests_get_a_clear_error_not_a_hung_server(server):
     assert code == 200 and "at once is refused" in body["error"]  # the lab's own answer, shown in the page
     code, body = _post(server + "/api/run", b"{" + b" " * 70_000 + b"}")
     assert code == 413
+    code, body = _post(server + "/api/run", b'{"text": ' + b"[" * 30_000 + b"]" * 30_000 + b"}")
+    assert (code, body) == (400, {"error": "the request is nested too deeply"})
+    code, body = _post(server + "/api/run", b'{"text": "a\\ud800b", "change": {"variable": "window", "value": 2}, '
+                                            b'"prediction": {"direction": "better"}}')
+    assert code == 200 and "lone surrogate" in body["error"]
     with urllib.request.urlopen(server + "/api/state", timeout=10) as r:  # still answering
         assert json.loads(r.read())["baseline"]["budget"] == 1.0
+
+
+def test_a_declared_length_past_the_limit_is_refused_unread_and_other_sites_are_refused(server):
+    import http.client
+    from urllib.parse import urlsplit
+
+    where = urlsplit(server)
+    conn = http.client.HTTPConnection(where.hostname, where.port, timeout=10)
+    conn.putrequest("POST", "/api/run")
+    conn.putheader("Content-Length", str(10**12))
+    conn.endheaders()  # not one byte of the body sent: the answer comes from the header alone
+    answer = conn.getresponse()
+    assert answer.status == 413 and "at most" in json.loads(answer.read())["error"]
+    conn.close()
+    for headers in ({"Host": "evil.example:80"}, {"Origin": "http://evil.example"}):
+        req = urllib.request.Request(server + "/api/state", headers=headers)
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=10)
+        assert e.value.code == 403 and "the lab answers" in json.loads(e.value.read())["error"]
+    req = urllib.request.Request(server + "/api/state", headers={"Origin": server})
+    with urllib.request.urlopen(req, timeout=10) as r:  # its own page
+        assert r.status == 200
+
+
+def test_a_port_left_in_time_wait_is_free_again():
+    """A stopped server's port (its accepted connection closed first: TIME-WAIT on the server side) passes the
+    check, as the server itself (SO_REUSEADDR) would bind it."""
+    from reskip.lab.app import check_port
+
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("127.0.0.1", 0))
+    port = srv.getsockname()[1]
+    srv.listen()
+    client = socket.create_connection(("127.0.0.1", port))
+    conn, _ = srv.accept()
+    conn.close()  # the server closes first: its side of the connection waits in TIME-WAIT
+    client.close()
+    srv.close()
+    check_port(port)
 
 
 def test_a_busy_port_is_refused_before_anything_loads(capsys):

@@ -166,3 +166,21 @@ def test_validation_one_sequence_at_a_time_gives_the_batchs_figures():
     assert a.keys() == b.keys()
     for k in a:
         assert b[k] == pytest.approx(a[k], rel=1e-5, abs=1e-6), k
+
+
+@pytest.mark.parametrize("chunk", [None, 5])
+def test_the_full_path_as_the_skip_branchs_teacher(chunk):
+    """skip_teacher full: the KL term is KL(full path || skip branch) with the full path held fixed, whole or
+    chunked; the backbone teacher's KL differs (the full path has moved from the backbone)."""
+    from reskip.losses import kl_sum, teacher_targets
+
+    rm = _model("llama")
+    ids, _ = batch(pad=False, bsz=2, seq=12)
+    terms = RetrofitObjective(rm, 1.0, 0.01, loss_chunk=chunk, skip_teacher="full")(ids, ids.clone(), 2, 1.0, 1.0)
+    with torch.no_grad():
+        full = rm(input_ids=ids).logits
+        with rm.blocks_skipped(2):
+            skip = rm(input_ids=ids).logits
+    assert terms["kl"].item() == pytest.approx(kl_sum(teacher_targets(full), skip).item(), rel=1e-5)
+    backbone = RetrofitObjective(rm, 1.0, 0.01, loss_chunk=chunk)(ids, ids.clone(), 2, 1.0, 1.0)
+    assert abs(backbone["kl"].item() - terms["kl"].item()) > 1e-3

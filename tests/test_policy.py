@@ -178,3 +178,42 @@ def test_held_budget_specs_parse_and_build_from_the_frontier(tiny_policy):
     grid = pf.blocks[2]["w_recent_quantiles"]  # the window starts as calibration's distribution, thinned evenly
     assert len(held.recent[2]) == held.span and held.recent[2][0] == grid[0] and held.recent[2][-1] == grid[-1]
     assert sorted(held.recent[2]) == list(held.recent[2])
+
+
+def test_per_sequence_selection_decides_once_from_the_first_step():
+    """sequence:K: nothing skipped at the first step; then the K blocks whose first-step w_recent lies highest in
+    their own calibration distribution, at every later step; chosen anew for the next sequence."""
+    from reskip.skip.policies import SequenceSkip
+
+    grids = {2: [i / 100 for i in range(101)], 3: [0.5 + i / 200 for i in range(101)], 4: [0.0] * 50 + [1.0] * 51}
+    pol = SequenceSkip(1, {2, 3, 4}, grids, {2: 1.2, 3: 1.1, 4: 1.3}, name="sequence:1")
+    # w = 0.6 is block 2's 60th percentile but block 3's 20th; block 4's grid puts it at 50%
+    assert [pol.skip(n, 0.6, 0, 0) for n in (2, 3, 4)] == [False] * 3
+    assert [[pol.skip(n, 0.0, 0, j) for n in (2, 3, 4)] for j in (1, 2, 3)] == [[True, False, False]] * 3
+    pol.new_sequence()
+    for n, w in ((2, 0.1), (3, 0.99), (4, 0.2)):
+        pol.skip(n, w, 0, 0)
+    assert [pol.skip(n, 0.0, 0, 1) for n in (2, 3, 4)] == [False, True, False]
+    assert not pol.pure and pol.reads_signal(3) and not pol.reads_signal(1)
+
+
+def test_per_sequence_selection_on_a_model(tiny_policy):
+    """On a tiny retrofit, scored by the runtime: the first chunk skips nothing, every later chunk exactly K
+    blocks, the same ones within a sequence; each sequence's choice is the top-K percentile of its first chunk."""
+    from reskip.skip.scoring import score
+
+    rm, pf, data = tiny_policy
+    spec = parse_spec("sequence:1")
+    assert spec.k == 1 and parse_spec("sequence:0").k == 0
+    for bad in ("sequence:1.5", "sequence:", "sequence:-1"):
+        with pytest.raises(SpecError):
+            parse_spec(bad)
+    with pytest.raises(PolicyError, match="eligible"):
+        pf.make(parse_spec("sequence:9"))
+    pol = pf.make(spec)
+    for i in range(3):
+        _, trace = score(rm, data.input_ids[i : i + 1], pol, 4, 4)
+        assert trace[0].skipped == [] and all(len(t.skipped) == 1 for t in trace[1:])
+        assert len({tuple(t.skipped) for t in trace[1:]}) == 1
+        pct = {n: sum(g < trace[0].w_recent[n] for g in pf.blocks[n]["w_recent_quantiles"]) for n in pol.eligible}
+        assert pct[trace[1].skipped[0]] == max(pct.values())

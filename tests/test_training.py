@@ -340,7 +340,7 @@ def test_skip_kl_at_the_ends_only_logs_less_and_trains_the_same(tiny_run, tmp_pa
     every, ends = evals("every"), evals("ends")
     assert [("skip_kl" in r) for r in ends] == [True, False, True] and all("skip_kl" in r for r in every)
     for x, y in zip(every, ends):
-        assert {k: v for k, v in x.items() if k != "skip_kl" or "skip_kl" in y} == y
+        assert {k: v for k, v in x.items() if k not in ("skip_kl", "skip_ppl") or k in y} == y
     with pytest.raises(ReskipError, match="skip_kl_curve must be true or false"):
         tiny_run(skip_kl_curve="no").validate()
 
@@ -469,3 +469,24 @@ def test_a_refused_write_leaves_no_lock_behind(tmp_path):
         with writing(tmp_path / "new" / "run"):
             raise ReskipError("bad input")
     assert not list(tmp_path.iterdir())
+
+
+def test_validation_measures_each_blocks_skip_on_the_data():
+    """skip_ppl: the perplexity with block k skipped (the skip branch), on the validation targets."""
+    from reskip.data.packing import Packed
+    from reskip.losses import ce_sum
+    from reskip.train.validation import evaluate
+
+    rm = retrofit(tiny_model("llama", init_std=0.3), RetrofitConfig(block_size=2, rank=8, up_init_std=0.3,
+                                                                     skip_path="shortcut"))
+    rm.set_curriculum(1.0)
+    ids = torch.randint(3, 90, (3, 12), generator=torch.Generator().manual_seed(1))
+    labels = ids.clone()
+    labels[0, :4] = -100
+    out = evaluate(rm, Packed(ids, labels, ["x"] * 3), batch_size=2)
+    n = int((labels[:, 1:] != -100).sum())
+    with torch.no_grad():
+        for k in (2, 3):
+            with rm.blocks_skipped(k):
+                ce = ce_sum(rm(input_ids=ids).logits, labels).item()
+            assert out["skip_ppl"][str(k)] == pytest.approx(math.exp(ce / n), rel=1e-4)

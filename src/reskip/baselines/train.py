@@ -101,7 +101,8 @@ def train_lora(cfg: TrainConfig, arm: LoraArm, run_dir: Path, show_progress: boo
     cfg = dataclasses.replace(cfg, dtype=resolve_dtype_name(cfg.dtype))
     text = arm_config_text(cfg, arm)
     if files.config.is_file():
-        if files.config.read_text() != text:
+        old_cfg, old_arm = read_arm(files.root)  # compared as configs: a field added since reads as its default
+        if old_cfg.to_dict() != cfg.to_dict() or old_arm != arm:
             raise ReskipError(f"{files.root} holds a baseline run of other settings (its config.yaml differs): "
                               "choose another folder or remove it")
         if files.summary.is_file() and (files.adapter / "adapter_model.safetensors").is_file():

@@ -347,11 +347,11 @@ def evaluate_methods(model: ReskipModel, data: Packed, methods: list[Method], wi
 
 
 def _add_matched(results: dict, scoring: Scoring, policy_file: PolicyFile, seed: int, group: int) -> None:
-    """static, influence and random at every skipping ReSkip point's measured mean skips, scored in a second
+    """static, influence and random at every skipping ReSkip (or per-sequence) point's measured mean skips, scored in a second
     round that reuses the first round's hidden states and tallies."""
     extra = []
     for name, r in list(results.items()):
-        if name.startswith("reskip") and r["mean_skipped"] > 0:  # nothing to match when ReSkip never skips
+        if name.startswith(("reskip", "sequence")) and r["mean_skipped"] > 0:  # nothing to match when ReSkip never skips
             extra += [m for m in matched_methods(policy_file, r["mean_skipped"], seed) if m.name not in results
                       and m.name not in {e.name for e in extra}]
     if not extra:

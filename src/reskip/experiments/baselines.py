@@ -167,10 +167,12 @@ def _train_wall(files: RunFolder) -> float:
 
 # ---- measuring the chosen arms on the eval's sequences ------------------------------------------------------
 RECIPE_ROWS = {"retrofit": "retrofit", "reskip:budget=1": "ReSkip, budget 1", "reskip:budget=1:held": "ReSkip, budget 1, held",
-               "reskip:budget=2": "ReSkip, budget 2", "reskip:budget=2:held": "ReSkip, budget 2, held",
+               "sequence:1": "per-sequence selection, 1 block", "reskip:budget=2": "ReSkip, budget 2",
+               "reskip:budget=2:held": "ReSkip, budget 2, held", "sequence:2": "per-sequence selection, 2 blocks",
                "static:1": "static:1 (learned shortcut)", "static:2": "static:2 (learned shortcut)"}
+SEQUENCE = (1, 2)  # per-sequence selection of this many blocks (skipped from each sequence's second step on)
 HELD = (1.0, 2.0)  # the budgets also measured with their rate held online
-RECIPE_EVAL = "recipe-eval"  # the chosen recipe run's eval with the rows the table needs
+RECIPE_EVAL = "recipe-eval"  # recipe-eval/<arm>: the chosen recipe run's eval with the rows the table needs
 SPLITS = ("test", "kjv")
 
 
@@ -183,10 +185,11 @@ def _measure(pc: PipelineConfig, folder: Path, best: dict, costs: BlockCosts, sh
     files = RunFolder(rdir)
     if not files.policy.is_file():
         calibrate_run(rdir, pc.calibrate_options())
-    ev_dir = folder / RECIPE_EVAL
+    ev_dir = folder / RECIPE_EVAL / arm_slug(best["recipe"])  # per arm: a wider sweep may choose another
     if not (ev_dir / "results.json").is_file():
         budgets = PolicyFile.load(files.policy).budgets()
-        extra = ["static:1", "static:2", *(f"reskip:budget={b:g}:held" for b in HELD if b in budgets)]
+        extra = ["static:1", "static:2", *(f"reskip:budget={b:g}:held" for b in HELD if b in budgets),
+                 *(f"sequence:{k}" for k in SEQUENCE)]
         opts = pc.eval_options()
         evaluate_run(rdir, dataclasses.replace(opts, methods=[*opts.methods, *parse_specs(extra, METHOD_KINDS)],
                                                benchmarks=[], out=str(ev_dir)))
@@ -230,26 +233,27 @@ def _measure(pc: PipelineConfig, folder: Path, best: dict, costs: BlockCosts, sh
         row["ppl_ratio"] = {s: _ratio(row["per_sequence"][s], back[s]) for s in SPLITS}
     check_ratio = {s: _ratio(check["per_sequence"][s], back[s]) for s in SPLITS}
     return {"dtype": ev["meta"]["dtype"], "rows": rows, "backbone_rescored": check_ratio,
-            "intervals": intervals(rows), "kjv_at_spent_compute": kjv_at_spent_compute(methods["kjv"]),
+            "intervals": intervals(rows), "at_spent_compute": {sp: at_spent_compute(methods[sp]) for sp in SPLITS},
             "recipe_eval": str(ev_dir / "results.json")}
 
 
-def kjv_at_spent_compute(kjv: dict) -> list[dict]:
-    """Each ReSkip budget on kjv beside static pruning at the skips it measured there (the eval's matched
-    baselines on the held-out source), with the 95% interval of ReSkip - static."""
-    back = kjv["backbone"]["per_sequence"]
+def at_spent_compute(methods: dict) -> list[dict]:
+    """Each skipping point of the recipe run that spends its own compute (the ReSkip budgets, per-sequence
+    selection) beside static pruning at the skips it measured on that split (the eval's matched baselines),
+    with the 95% interval of it - static."""
+    back = methods["backbone"]["per_sequence"]
     full, targets = np.array(back["nll"], float), np.array(back["targets"], float)
     out = []
-    for name, r in kjv.items():
-        if not name.startswith("reskip:budget=") or r["mean_skipped"] == 0:
+    for name, r in methods.items():
+        if not name.startswith(("reskip:budget=", "sequence:")) or r["mean_skipped"] == 0:
             continue
         k = round(r["mean_skipped"], 2)
         st = f"static:{int(k) if k == int(k) else k:g}"
         row = {"method": name, "skipped": r["mean_skipped"], "ppl_ratio": r["ppl_ratio"], "static": st,
-               "static_ppl_ratio": kjv[st]["ppl_ratio"] if st in kjv else None}
-        if st in kjv:
+               "static_ppl_ratio": methods[st]["ppl_ratio"] if st in methods else None}
+        if st in methods:
             row["minus_static"] = bootstrap_difference(full, np.array(r["per_sequence"]["nll"], float),
-                                                       np.array(kjv[st]["per_sequence"]["nll"], float), targets)
+                                                       np.array(methods[st]["per_sequence"]["nll"], float), targets)
         out.append(row)
     return out
 
@@ -265,7 +269,8 @@ def _ratio(per: dict, back: dict) -> float:
 
 
 COMPARISONS = (("retrofit", "lora"), ("reskip:budget=1", "healed-static:1"),
-               ("reskip:budget=1:held", "healed-static:1"), ("static:1", "healed-static:1"),
+               ("reskip:budget=1:held", "healed-static:1"), ("sequence:1", "healed-static:1"),
+               ("sequence:2", "healed-static:2"), ("static:1", "healed-static:1"),
                ("reskip:budget=2", "healed-static:2"), ("static:2", "healed-static:2"),
                ("healed-static:1", "backbone"), ("lora", "backbone"))
 
@@ -299,15 +304,16 @@ def claims(r: dict) -> list[dict]:
         out.append(claim(f"nothing skipped, the side-channel beats a parameter-matched LoRA beyond the interval ({s})",
                          f"retrofit - lora = {_ci(d)}", d["hi"] < 0))
     for k in (1, 2):
-        for s in SPLITS:
-            d = iv.get(f"reskip:budget={k} - healed-static:{k} ({s})")
-            text = f"at {k} block(s) per step ReSkip beats LoRA-healed static pruning beyond the interval ({s})"
-            if d is None:
-                out.append(claim(text, f"no ReSkip budget {k} on this model", None))
-                continue
-            skips = r["rows"][f"reskip:budget={k}"]["blocks_skipped"][s]
-            out.append(claim(text, f"ReSkip - healed = {_ci(d)} (ReSkip skips {skips:.2f} blocks per step)",
-                             d["hi"] < 0))
+        for key, label in ((f"reskip:budget={k}", "ReSkip"), (f"sequence:{k}", "per-sequence selection")):
+            for s in SPLITS:
+                d = iv.get(f"{key} - healed-static:{k} ({s})")
+                text = f"at {k} block(s) per step {label} beats LoRA-healed static pruning beyond the interval ({s})"
+                if d is None:
+                    out.append(claim(text, f"no {key} on this model", None))
+                    continue
+                skips = r["rows"][key]["blocks_skipped"][s]
+                out.append(claim(text, f"{label} - healed = {_ci(d)} ({label} skips {skips:.2f} blocks per step)",
+                                 d["hi"] < 0))
     return out
 
 
@@ -343,16 +349,17 @@ def tables(r: dict) -> dict:
     blocks = ["| block | layers | A(n) on the backbone | cos(in, out) |", "| --- | --- | --- | --- |"]
     blocks += [f"| {n} | {layers[0]}-{layers[-1]} | {bb['A'][str(n)]:.3f} | {bb['cos_in_out'][str(n)]:.4f} |"
                for n, layers in enumerate(bb["blocks"], start=1)]
-    spent = ["| ReSkip on kjv | blocks skipped / step there | ppl / backbone | static at those skips | "
-             "ReSkip - static [95% CI] |", "| --- | --- | --- | --- | --- |"]
-    spent += [f"| {x['method']} | {x['skipped']:.2f} | {x['ppl_ratio']:.4f} | "
+    spent = ["| split | method | blocks skipped / step there | ppl / backbone | static at those skips | "
+             "method - static [95% CI] |", "| --- | --- | --- | --- | --- | --- |"]
+    spent += [f"| {sp} | {x['method']} | {x['skipped']:.2f} | {x['ppl_ratio']:.4f} | "
               f"{'-' if x['static_ppl_ratio'] is None else format(x['static_ppl_ratio'], '.4f')} ({x['static']}) | "
-              f"{_ci(x['minus_static']) if 'minus_static' in x else '-'} |" for x in r["kjv_at_spent_compute"]]
+              f"{_ci(x['minus_static']) if 'minus_static' in x else '-'} |"
+              for sp in SPLITS for x in r["at_spent_compute"][sp]]
     for k in ("1", "2"):
         blocks.append(f"| drop {k} | by A(n): blocks {bb['dropped'][k]} | by influence (ShortGPT): blocks "
                       f"{bb['influence_would_drop'][k]} | |")
     return {"Every method at 0, 1 and 2 blocks per step (perplexity / the backbone's)": main,
-            "kjv at the compute ReSkip spends there": spent,
+            "At the compute each input-dependent method spends (static matched on that split)": spent,
             "The learning-rate sweep (chosen on validation)": sw,
             "Differences the verdict reads": iv,
             "The backbone's blocks (calibration split): what static pruning drops": blocks}
@@ -373,5 +380,6 @@ def verdict(r: dict) -> str:
 
     return " ".join(["Differences of perplexity / backbone with 95% intervals.",
                      said("Nothing skipped", "retrofit", "lora", "a LoRA of the same trainable parameters"),
-                     said("At one block per step", "reskip:budget=1", "healed-static:1", "LoRA-healed static pruning"),
-                     said("At two blocks per step", "reskip:budget=2", "healed-static:2", "LoRA-healed static pruning")])
+                     *(said(f"At {w} per step", m, f"healed-static:{k}", "LoRA-healed static pruning")
+                       for k, w in ((1, "one block"), (2, "two blocks"))
+                       for m in (f"reskip:budget={k}", f"sequence:{k}"))])

@@ -8,8 +8,10 @@ network calls for a page this small.
 
 A request the lab refuses (no prediction, two variables, a value out of range, a text too long, another run
 in progress) is answered {"error": sentence} with status 200: it is the lab's answer, shown in the page,
-and the browser logs nothing for it. A request that is not the page's (not JSON, an oversized body) gets
-400 / 413. A run happens in a worker thread, so the server keeps answering meanwhile."""
+and the browser logs nothing for it. A request that is not the page's (not JSON, nested too deep, an oversized
+body: refused by its declared length, else as soon as the bytes read pass the limit) gets 400 / 413. A request
+naming another site in Host or Origin (a page elsewhere, or a DNS name rebound to the loopback) gets 403. A
+run happens in a worker thread, so the server keeps answering meanwhile."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import json
 import math
 import socket
 from importlib import resources
+from urllib.parse import urlsplit
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -30,6 +33,36 @@ from .variables import LabError
 
 MAX_BODY = 64 * 1024  # bytes: a text of MAX_TOKENS tokens is far smaller
 HOST = "127.0.0.1"
+LOOPBACK_NAMES = (HOST, "localhost")  # what Host and Origin may name: the address served on, by number or name
+
+
+class TooLarge(Exception):
+    pass
+
+
+async def _bounded_body(request: Request) -> bytes:
+    """The body, read no further than MAX_BODY bytes (a declared length above it is refused unread)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY:
+        raise TooLarge(int(declared))
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_BODY:
+            raise TooLarge(len(body))
+    return bytes(body)
+
+
+def _foreign(request: Request) -> str | None:
+    """Why a request comes from another site, or None: its Host must name the loopback (no DNS rebinding) and
+    its Origin, when a browser sends one, a page served from it."""
+    host = urlsplit("//" + request.headers.get("host", "")).hostname
+    if host not in LOOPBACK_NAMES:
+        return f"the lab answers requests for {HOST} only, not {request.headers.get('host', '')[:80]!r}"
+    origin = request.headers.get("origin")
+    if origin is not None and urlsplit(origin).hostname not in LOOPBACK_NAMES:
+        return f"the lab answers its own page only, not one from {origin[:80]!r}"
+    return None
 
 
 def _static(name: str) -> str:
@@ -44,16 +77,24 @@ def build_app(session: LabSession) -> Starlette:
         return Response(_static("lab.js"), media_type="text/javascript")
 
     async def state(request: Request) -> Response:
+        if why := _foreign(request):
+            return JSONResponse({"error": why}, status_code=403)
         return JSONResponse(session.state())
 
     async def run(request: Request) -> Response:
-        body = await request.body()
-        if len(body) > MAX_BODY:
-            return JSONResponse({"error": f"the request is {len(body):,} bytes; at most {MAX_BODY:,}"}, status_code=413)
+        if why := _foreign(request):
+            return JSONResponse({"error": why}, status_code=403)
+        try:
+            body = await _bounded_body(request)
+        except TooLarge as e:
+            return JSONResponse({"error": f"the request is {e.args[0]:,} bytes or more; at most {MAX_BODY:,}"},
+                                status_code=413)
         try:
             data = json.loads((body or b"{}").decode("utf-8"), parse_constant=_no_constant, parse_float=_finite)
         except UnicodeDecodeError:
             return JSONResponse({"error": "the request is not UTF-8 text"}, status_code=400)
+        except RecursionError:
+            return JSONResponse({"error": "the request is nested too deeply"}, status_code=400)
         except (json.JSONDecodeError, ValueError) as e:
             return JSONResponse({"error": f"the request is not standard JSON ({e})"}, status_code=400)
         if not isinstance(data, dict):
@@ -84,8 +125,10 @@ def _finite(text: str) -> float:
 
 
 def check_port(port: int) -> None:
-    """Refuse a port another program holds, before any URL is printed."""
+    """Refuse a port another program holds, before any URL is printed. With SO_REUSEADDR, as the server binds:
+    a port a stopped lab left in TIME-WAIT is free to it, and so to this check."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((HOST, port))
         except OSError as e:

@@ -18,6 +18,7 @@ from ..skip.inference_run import open_run
 from .variables import VARIABLES, LabError, Setting, apply, baseline
 
 MAX_TOKENS = 256  # one token per step: a longer text would hold the lab for minutes on a CPU
+MAX_HISTORY = 200  # runs kept (and sent with every answer): the oldest go first
 UNCHANGED = 0.005  # |relative perplexity change| below this reads as "unchanged"
 DIRECTIONS = ("better", "worse", "unchanged")
 
@@ -49,6 +50,10 @@ class LabSession:
     def tokens(self, text: str) -> torch.Tensor:
         if not isinstance(text, str) or not text.strip():
             raise LabError("paste a text to run on")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate (JSON's "\ud800"): no tokenizer reads it
+            raise LabError("the text holds a character that is not Unicode text (a lone surrogate)") from None
         ids = self.tokenizer(text, return_tensors="pt").input_ids
         if ids.shape[1] < 2:
             raise LabError("the text needs at least two tokens (one to predict from, one to predict)")
@@ -108,6 +113,7 @@ class LabSession:
             "amount_error_percent": None if amount is None else abs(100 * rel) - amount,
         }
         self.history.append(entry)
+        del self.history[:-MAX_HISTORY]
         return {**entry, "tokens": words, "base": a, "changed": b, "flipped_tokens": flipped, "top1_tokens": top1,
                 "tau": tau, "setting": changed.describe(), "history": self.history}
 

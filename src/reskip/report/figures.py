@@ -313,6 +313,7 @@ def fig_baselines(result: dict):
     curves = {  # label: (rows in order of compute, colour, marker)
         "retrofit + ReSkip budgets": (("retrofit", "reskip:budget=1", "reskip:budget=2"), "tab:blue", "D"),
         "ReSkip budgets, held": (("reskip:budget=1:held", "reskip:budget=2:held"), "tab:cyan", "d"),
+        "per-sequence selection": (("sequence:1", "sequence:2"), "tab:purple", "s"),
         "retrofit + static (learned shortcut)": (("retrofit", "static:1", "static:2"), "tab:orange", "^"),
         "LoRA, then LoRA-healed static": (("lora", "healed-static:1", "healed-static:2"), "tab:green", "v"),
         "backbone, then pruned (no healing)": (("backbone", "pruned:1", "pruned:2"), "tab:gray", "x"),
@@ -333,6 +334,7 @@ def fig_baselines(result: dict):
     fig.legend(handles, labels, loc="lower center", ncol=3, bbox_to_anchor=(0.5, -0.13), frameon=False)
     caption = ("Perplexity against the backbone's (log scale) at the blocks each method skips per step, measured on "
                "the test split and on kjv (no stage trained or calibrated on it): the retrofit and its ReSkip budgets "
+               "(fixed and held thresholds), per-sequence selection (K blocks chosen from each sequence's first step) "
                "and static pruning with the learned shortcut, a LoRA of the same trainable parameters, the cheapest "
                "blocks removed without healing (pruned) and healed by that LoRA. One seed, 16 sequences per split: "
                "the intervals of the differences are in the table, not in the figure.")

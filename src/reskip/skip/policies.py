@@ -2,11 +2,13 @@
 
 A policy sees w_recent(n) (from `runtime.SkipRuntime`), how many blocks this step already
 skipped, and the step number. `none` never skips, `ReSkip` is the source design's rule, `StaticSkip`
-is static pruning, `RandomSkip` the random baseline at a given rate.
+is static pruning, `RandomSkip` the random baseline at a given rate, `SequenceSkip` a choice of blocks
+taken once per sequence from its first step's routing.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 import random
 from collections import deque
@@ -33,6 +35,10 @@ class SkipPolicy:
 
     def describe(self) -> dict:
         return {"policy": self.name}
+
+    def new_sequence(self) -> None:
+        """Called by the runtime when a sequence starts (a policy that decides once per sequence forgets the
+        last one's choice here); most policies keep nothing per sequence."""
 
     def runtime(self, window: int, track_all: bool = False) -> SkipRuntime:
         """The per-sequence state that applies this policy step by step (`ReskipModel.skipping`)."""
@@ -114,6 +120,55 @@ class HeldReSkip(ReSkip):
     def describe(self):
         return {**super().describe(), "held": {"share": {str(n): f for n, f in sorted(self.share.items())},
                                                "span": self.span}}
+
+
+@dataclass
+class SequenceSkip(SkipPolicy):
+    """Per-sequence selection: the first `prefix_steps` steps of a sequence (its prompt, in generation) run
+    every block while block n's w_recent is read; then the K eligible blocks whose routing sat highest against
+    their own calibrated distribution (the percentile of the prefix's mean w_recent(n) in block n's calibration
+    quantile grid: ReSkip's rule, decided once) are skipped at every later step of that sequence. Fixed for the
+    rest of a generation, so a batch can share it and the skipped layers' KV cache is never needed again after
+    the prompt. Ties go to the block of lower ablation cost A(n)."""
+
+    k: int
+    eligible: set[int]
+    grids: dict[int, list[float]]  # block -> its calibration quantile grid of w_recent (ascending)
+    cost: dict[int, float]  # block -> A(n), the tie-break
+    prefix_steps: int = 1
+    name: str = "sequence"
+
+    def __post_init__(self):
+        self.new_sequence()
+
+    def new_sequence(self) -> None:
+        self.prefix: dict[int, list[float]] = {n: [] for n in self.eligible}
+        self.chosen: frozenset[int] | None = None
+
+    def percentile(self, n: int) -> float:
+        """Where the prefix's mean w_recent(n) lies in block n's calibration distribution, in [0, 1]."""
+        grid, seen = self.grids[n], self.prefix[n]
+        if not seen:
+            return 0.0
+        w = sum(seen) / len(seen)
+        below = bisect.bisect_left(grid, w)
+        return below / len(grid)
+
+    def skip(self, n, w_recent, skipped_so_far, step):
+        if step < self.prefix_steps:
+            if n in self.eligible and w_recent == w_recent:  # nan: a block without a router
+                self.prefix[n].append(w_recent)
+            return False
+        if self.chosen is None:
+            ranked = sorted(self.eligible, key=lambda b: (-self.percentile(b), self.cost[b]))
+            self.chosen = frozenset(ranked[: self.k])
+        return n in self.chosen
+
+    def reads_signal(self, n):
+        return n in self.eligible
+
+    def describe(self):
+        return {"policy": self.name, "k": self.k, "eligible": sorted(self.eligible), "prefix_steps": self.prefix_steps}
 
 
 @dataclass

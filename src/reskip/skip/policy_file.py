@@ -21,7 +21,7 @@ from ..io_atomic import atomic_write_json
 from ..reading import read_json
 from ..ar_retrofit.adapter_io import fingerprint
 from ..ar_retrofit.model import ReskipModel
-from .policies import HeldReSkip, NoSkip, RandomSkip, ReSkip, SkipPolicy, StaticSkip
+from .policies import HeldReSkip, NoSkip, RandomSkip, ReSkip, SequenceSkip, SkipPolicy, StaticSkip
 from .spec import GRAMMAR, PolicyError, Spec
 
 FORMAT_VERSION = 1
@@ -164,6 +164,15 @@ class PolicyFile:
         return _ranked_static([b["block"] for b in sorted(pool, key=lambda b: -b["cos_in_out"])], k,
                               f"influence:{k:g}")
 
+    def sequence(self, k: int) -> SequenceSkip:
+        """sequence:k - k eligible blocks chosen once per sequence from its first step's routing, each block's
+        w_recent read against its own calibration quantile grid (`policies.SequenceSkip`)."""
+        eligible = self.eligible()
+        if not 0 <= k <= len(eligible):
+            raise PolicyError(f"sequence:{k} needs {k} eligible blocks; eligible: {sorted(eligible)}")
+        grids = {n: self.blocks[n].get("w_recent_quantiles") or [self.blocks[n]["tau"]] for n in eligible}
+        return SequenceSkip(k, eligible, grids, {n: self.blocks[n]["A"] for n in eligible}, name=f"sequence:{k}")
+
     # ---- the budgeted frontier (`budget.calibrate_budgets`) ---------------------------------
     def budgets(self) -> list[float]:
         return [p["budget"] for p in self.data.get("budgets", {}).get("frontier", [])]
@@ -222,7 +231,7 @@ def dense_if_uncalibrated(spec: Spec, policy: PolicyFile | None, where) -> Spec:
 
 
 def make_policy(spec: Spec, policy: PolicyFile | None, seed: int = 0) -> SkipPolicy:
-    """The policy of a parsed spec (policy kinds only: none, reskip, static, influence, random)."""
+    """The policy of a parsed spec (policy kinds only: none, reskip, static, influence, sequence, random)."""
     if spec.kind in ("none", "retrofit"):
         return NoSkip()
     if not spec.needs_policy_file:
@@ -237,4 +246,6 @@ def make_policy(spec: Spec, policy: PolicyFile | None, seed: int = 0) -> SkipPol
         return policy.static(spec.k)
     if spec.kind == "influence":
         return policy.influence(spec.k)
+    if spec.kind == "sequence":
+        return policy.sequence(spec.k)
     return RandomSkip(spec.p, policy.eligible(), seed, name=f"random:{spec.p}")

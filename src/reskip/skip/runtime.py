@@ -67,9 +67,16 @@ class SkipRuntime:
         self.position = 0
         self.valid: list[list[bool]] | None = None  # (B, T) real tokens of the current step; None: all real
         self.valid_shape: tuple[int, int] | None = None
+        self._new_sequence()
 
     def reset(self) -> None:
         self.history, self.position, self.trace = {}, 0, []
+        self._new_sequence()
+
+    def _new_sequence(self) -> None:
+        hook = getattr(self.policy, "new_sequence", None)  # a `Decider` need not have one
+        if hook is not None:
+            hook()
 
     def set_step_mask(self, valid: torch.Tensor | None, new_sequence: bool) -> None:
         """Called before each forward with the step's (B, T) mask of real tokens (None: all real)."""

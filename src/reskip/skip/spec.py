@@ -14,6 +14,9 @@
                          fractional K (1.5) mixes k and k + 1 blocks across steps (the (k+1)-th
                          block at an evenly spread share K - k of the steps)
     influence:K          ShortGPT: the K blocks whose output is most like their input (K as static)
+    sequence:K           per-sequence selection: a sequence's first step (its prompt) runs every block;
+                         then the K eligible blocks whose w_recent sat highest against their own
+                         calibrated distribution are skipped at every later step of that sequence
     random:P             each eligible block skipped with probability P        (0 <= P <= 1)
     PATH.json            `reskip` from that policy file (where a single policy is asked for)
 Methods of `reskip eval` add three names:
@@ -29,9 +32,9 @@ from dataclasses import dataclass
 
 from ..errors import ReskipError
 
-POLICY_KINDS = ("none", "reskip", "static", "influence", "random")
+POLICY_KINDS = ("none", "reskip", "static", "influence", "sequence", "random")
 METHOD_KINDS = ("backbone", "retrofit", "matched", "budgets", *POLICY_KINDS)
-GRAMMAR = "none, reskip[:Q[:M]], reskip:budget=B[:held], static:K, influence:K, random:P"
+GRAMMAR = "none, reskip[:Q[:M]], reskip:budget=B[:held], static:K, influence:K, sequence:K, random:P"
 METHOD_GRAMMAR = "backbone, retrofit, matched, budgets, " + GRAMMAR
 
 
@@ -51,7 +54,7 @@ class Spec:
     text: str
     quantile: float | None = None  # reskip
     max_skips: int | None = None  # reskip
-    k: float | None = None  # static, influence (an int unless fractional)
+    k: float | None = None  # static, influence (an int unless fractional); sequence (an int)
     p: float | None = None  # random
     budget: float | None = None  # reskip:budget=B
     held: bool = False  # reskip:budget=B:held
@@ -59,7 +62,7 @@ class Spec:
 
     @property
     def needs_policy_file(self) -> bool:
-        return self.kind in ("reskip", "static", "influence", "random")
+        return self.kind in ("reskip", "static", "influence", "sequence", "random")
 
 
 def _number(text: str, cast, what: str, spec: str, lo: float, hi: float | None = None):
@@ -98,10 +101,12 @@ def parse_spec(text: str, kinds: tuple[str, ...] = POLICY_KINDS, allow_path: boo
         m = _number(args[1], int, "max skips M", text, 0) if len(args) > 1 else None
         return Spec(kind, text, quantile=q, max_skips=m)
     if len(args) != 1 or not args[0]:
-        arg = "K" if kind in ("static", "influence") else "P"
+        arg = "P" if kind == "random" else "K"
         raise SpecError(f"{kind} needs one argument, {kind}:{arg}; got {text!r}")
     if kind == "random":
         return Spec(kind, text, p=_number(args[0], float, "probability P", text, 0.0, 1.0))
+    if kind == "sequence":
+        return Spec(kind, text, k=_number(args[0], int, "block count K (a whole number)", text, 0))
     k = _number(args[0], float, "block count K", text, 0.0)
     return Spec(kind, text, k=int(k) if k == int(k) else k)
 

@@ -49,6 +49,7 @@ REAL_FIELDS = ("lr", "router_lr_mult", "source_bias_lr_mult", "weight_decay", "w
 # `retrofit(model)` keeps): a skipped block goes through a learned shortcut.
 RECIPE_RETROFIT = {"skip_path": "shortcut"}
 REPORT_TO = (None, "tensorboard")
+SKIP_TEACHERS = ("backbone", "full")
 INT_FIELDS = ("seq_len", "steps", "batch_size", "grad_accum", "eval_every", "eval_sequences", "save_every",
               "log_every", "seed", "skip_max_blocks")
 
@@ -84,6 +85,9 @@ class TrainConfig:
     min_lr_frac: float = described(0.1, "the cosine decay ends at this multiple of lr")
     clip_norm: float = described(1.0, "gradient norm clipping")
     lambda_kl: float = described(1.0, "weight of KL(teacher || skip branch)")
+    skip_teacher: str = described("backbone", "the skip branch's teacher: backbone (the frozen backbone, the source "
+                                              "design's) or full (the retrofit's own full path, detached: a departure "
+                                              "that pulls the skip branch toward what CE teaches the full path)")
     lambda_ent: float = described(0.01, "weight of the routers' entropy (subtracted: it keeps routing spread)")
     lambda_signal: float = described(1.0, "weight of the signal term: corr(alpha on h_{n-1}, the measured per-token "
                                           "cost of skipping n) for the drawn block; 0 is the source design's loss")
@@ -154,6 +158,8 @@ class TrainConfig:
             v = getattr(self, name)
             need(isinstance(v, (int, float)) and 0.0 <= v <= 1.0, f"{name} must lie in [0, 1], got {v!r}")
         need(self.hold_frac <= self.ramp_end_frac, "hold_frac must not exceed ramp_end_frac")
+        need(self.skip_teacher in SKIP_TEACHERS,
+             f"skip_teacher must be one of {', '.join(SKIP_TEACHERS)}, got {self.skip_teacher!r}")
         need(0.0 < self.skip_fraction <= 1.0, f"skip_fraction must lie in (0, 1], got {self.skip_fraction!r}")
         for name in ("lr", "clip_norm", "router_lr_mult", "source_bias_lr_mult"):
             need(getattr(self, name) > 0, f"{name} must be > 0")

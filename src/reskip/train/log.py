@@ -59,6 +59,7 @@ def summarize(path: Path, wall_s: float) -> dict:
         "kl_full": {"start": first["kl_full"], "end": last["kl_full"]},
         "entropy": {"start": first["entropy"], "end": last["entropy"], "max": last["entropy_max"]},
         "skip_kl": {"start": first.get("skip_kl"), "end": last.get("skip_kl")},
+        "skip_ppl": {"start": first.get("skip_ppl"), "end": last.get("skip_ppl")},
     }
 
 
@@ -67,10 +68,12 @@ def format_summary(s: dict) -> str:
         f"steps {s['steps']}, tokens {s['tokens_seen']:,}, wall {s.get('wall_s_process', s.get('wall_s_this_session', 0.0)):.0f} s",
         f"validation perplexity: backbone {s['ppl_backbone']:.3f} | retrofit {s['ppl_full']['start']:.3f} -> "
         f"{s['ppl_full']['end']:.3f}   KL(backbone||retrofit) {s['kl_full']['end']:.4f}",
-        "block  entropy start -> end (max log n)   skip-branch KL start -> end",
+        "block  entropy start -> end (max log n)   skip-branch KL start -> end   skip-branch ppl end",
     ]
     for n in sorted(s["skip_kl"]["end"] or {}, key=int):
         first, last, top = (s["entropy"][x].get(n) for x in ("start", "end", "max"))
         ent = f"{first:.3f} -> {last:.3f} ({top:.3f})" if first is not None else "-  (no router)"
-        lines.append(f"{n:>5}  {ent:<32} {s['skip_kl']['start'][n]:.4f} -> {s['skip_kl']['end'][n]:.4f}")
+        ppl = (s.get("skip_ppl", {}).get("end") or {}).get(n)  # absent from runs logged before it was measured
+        lines.append(f"{n:>5}  {ent:<32} {s['skip_kl']['start'][n]:.4f} -> {s['skip_kl']['end'][n]:.4f}"
+                     f"{'' if ppl is None else f'   {ppl:.3f}'}")
     return "\n".join(lines)

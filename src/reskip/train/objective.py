@@ -1,5 +1,6 @@
 """The retrofit's training objective: CE(full path) + lambda_kl KL(teacher || skip branch)
 - lambda_ent mean H(alpha) [+ lambda_signal corr(alpha_{k-1 -> k}, cost_k)], for one micro-batch.
+The teacher is the frozen backbone (the source design's), or with `skip_teacher: full` the full path itself.
 The loss terms themselves are `reskip.losses`; the schedules that drive c(t), the learning rate
 and the drawn block are `schedules`.
 
@@ -29,8 +30,11 @@ class RetrofitObjective(nn.Module):
     teacher, full and skip passes inside a single forward, so gradients sync once."""
 
     def __init__(self, model: ReskipModel, lambda_kl: float, lambda_ent: float, lambda_signal: float = 0.0,
-                 lambda_local: float = 0.0, loss_chunk: int | None = None, recompute: bool = False):
-        """loss_chunk: compute CE and KL from the passes' final hidden states in chunks of this many
+                 lambda_local: float = 0.0, loss_chunk: int | None = None, recompute: bool = False,
+                 skip_teacher: str = "backbone"):
+        """skip_teacher: what the skip branch is distilled toward: "backbone" (the frozen backbone, the source
+        design's) or "full" (this step's full path, detached).
+        loss_chunk: compute CE and KL from the passes' final hidden states in chunks of this many
         positions (`losses.head_losses`): no (B, T, V) logits held; None: from whole logits.
         recompute: activation checkpointing of the frozen layers in the full and skip passes."""
         super().__init__()
@@ -41,12 +45,13 @@ class RetrofitObjective(nn.Module):
         self.lambda_local = lambda_local
         self.loss_chunk = loss_chunk
         self.recompute = recompute
+        self.skip_teacher = skip_teacher
 
     @classmethod
     def of(cls, model: ReskipModel, cfg) -> "RetrofitObjective":
         """The objective a `TrainConfig` describes: its loss weights, loss chunk and recompute setting."""
         return cls(model, cfg.lambda_kl, cfg.lambda_ent, cfg.lambda_signal, cfg.lambda_local, cfg.loss_chunk,
-                   cfg.recompute)
+                   cfg.recompute, cfg.skip_teacher)
 
     def forward(self, input_ids, labels, skip_block: int, target_scale: float, position_scale: float,
                 skip_mask: torch.Tensor | None = None, also_skipped: tuple[int, ...] = ()):
@@ -76,6 +81,8 @@ class RetrofitObjective(nn.Module):
         with rm.capturing() as captured, rm.continuing(teacher_pass, 1):
             full = rm(input_ids=input_ids, use_cache=False, output_alphas=True, **out_kw)
             cap = captured()
+        if self.skip_teacher == "full":  # the retrofit's own prediction, as a fixed target for this step
+            teacher = full.last_hidden_state.detach() if chunked else teacher_targets(full.logits.detach())
         # Skip branch: blocks before `skip_block` are the full pass's own (shared, not recomputed).
         if skip_mask is None:
             with rm.replaying(cap, skip_block), rm.blocks_skipped(*also_skipped):

@@ -16,7 +16,8 @@ from ..ar_retrofit.model import ReskipModel
 def evaluate(model: ReskipModel, data: Packed, batch_size: int = 4, skip_kl: bool = True,
              teacher_states: dict | None = None) -> dict:
     """Perplexity of the full path and the backbone, KL(backbone || full), alpha entropy per block
-    (beside its maximum log n), the skip-branch KL(backbone || block n as identity) per block, and the
+    (beside its maximum log n), the skip branch per block (KL(backbone || block n skipped) and its perplexity on
+    the data: what a skip costs whichever teacher trained the skip branch), and the
     routing signal: the token-level std of alpha_{n-1 -> n} and the norm |w_n| of each router's query.
 
     teacher_states: a dict kept across calls on the same data (training's validations): the backbone's
@@ -28,6 +29,7 @@ def evaluate(model: ReskipModel, data: Packed, batch_size: int = 4, skip_kl: boo
     ent = {n: 0.0 for n in range(2, n_blocks + 1)}
     prev = {n: [] for n in range(2, n_blocks + 1)}  # alpha_{n-1 -> n} per token
     skip = {k: 0.0 for k in range(1, n_blocks + 1)}
+    skip_ce = dict(skip)
     n_targets, n_positions = 0, 0
     cache = {} if teacher_states is None else teacher_states
     head = output_head(model.base_model)
@@ -53,7 +55,9 @@ def evaluate(model: ReskipModel, data: Packed, batch_size: int = 4, skip_kl: boo
         if skip_kl:
             for k in skip:
                 with model.replaying(cap, k):
-                    skip[k] += kl_sum(target, model(input_ids=ids, use_cache=False).logits).item()
+                    z = model(input_ids=ids, use_cache=False).logits  # (B, T, V), block k skipped
+                skip[k] += kl_sum(target, z).item()
+                skip_ce[k] += ce_sum(z, labels).item()
         n_targets += int((labels[:, 1:] != -100).sum())
         n_positions += positions
     model.train(was_training)
@@ -69,4 +73,5 @@ def evaluate(model: ReskipModel, data: Packed, batch_size: int = 4, skip_kl: boo
     }
     if skip_kl:
         out["skip_kl"] = {str(k): v / n_positions for k, v in skip.items()}
+        out["skip_ppl"] = {str(k): math.exp(v / n_targets) for k, v in skip_ce.items()}
     return out
