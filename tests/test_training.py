@@ -490,3 +490,32 @@ def test_validation_measures_each_blocks_skip_on_the_data():
             with rm.blocks_skipped(k):
                 ce = ce_sum(rm(input_ids=ids).logits, labels).item()
             assert out["skip_ppl"][str(k)] == pytest.approx(math.exp(ce / n), rel=1e-4)
+
+
+def test_overwrite_removes_a_runs_own_files_only(tiny_run, tmp_path):
+    """--overwrite replaces a training run, but a folder holding a user's own config.yaml or files of its own in
+    checkpoints/ is refused before anything is removed."""
+    mine = tmp_path / "mine"
+    (mine / "checkpoints").mkdir(parents=True)
+    (mine / "config.yaml").write_text("learning_rate: 3\n")
+    (mine / "checkpoints" / "model.bin").write_bytes(b"weights")
+    with pytest.raises(ReskipError, match="not a reskip training run's"):
+        train(tiny_run(), mine, overwrite=True, show_progress=False)
+    assert (mine / "config.yaml").read_text() == "learning_rate: 3\n" and (mine / "checkpoints" / "model.bin").exists()
+    (mine / "config.yaml").unlink()
+    with pytest.raises(ReskipError, match="model.bin"):
+        train(tiny_run(), mine, overwrite=True, show_progress=False)
+    run = tmp_path / "run"
+    train(tiny_run(), run, show_progress=False)
+    train(tiny_run(seed=3), run, overwrite=True, show_progress=False)  # its own files: replaced
+
+
+def test_a_finished_run_whose_last_line_was_cut_resumes_to_its_real_end(tiny_run, tmp_path):
+    run = tmp_path / "run"
+    done = train(tiny_run(), run, show_progress=False)
+    log = run / "train_log.jsonl"
+    text = log.read_text()
+    log.write_text(text[: text.rstrip("\n").rfind("\n") + 1] + text.rstrip("\n").rsplit("\n", 1)[1][:20])
+    again = train(tiny_run(), run, resume=True, show_progress=False)
+    assert again["ppl_full"]["end"] == pytest.approx(done["ppl_full"]["end"], rel=1e-6)
+    assert again["ppl_full"]["end"] != again["ppl_full"]["start"]

@@ -133,6 +133,9 @@ def _train(cfg: TrainConfig, arm: LoraArm, files: RunFolder, splits, text: str, 
         if run.step % cfg.save_every == 0 or run.step == cfg.steps:
             _save_checkpoint(run)
     bar.close()
+    evals = records(read_log(files.train_log) or [], "eval")
+    if not evals or evals[-1]["step"] != cfg.steps:  # resumed at its end with the last validation's line lost
+        _validate(run)
     return _finish(run, time.time() - t0)
 
 

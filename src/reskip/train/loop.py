@@ -24,13 +24,15 @@ from ..data.sources import load_splits
 from ..errors import ReskipError
 from ..io_atomic import atomic_write_json, atomic_write_text
 from ..ar_retrofit.blocks import retrofit_blocks
+from ..ar_retrofit.config import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME
+from ..ar_retrofit.model_card import CARD_NAME
 from ..ar_retrofit.model import ReskipModel, retrofit
 from ..progress import Progress
 from ..run_lock import writing
 from ..runs import RunFolder
-from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .checkpoint import CHECKPOINT_NAME, latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import TrainConfig
-from .log import append_record, summarize, truncate_after
+from .log import append_record, last_eval, summarize, truncate_after
 from .objective import RetrofitObjective
 from .schedules import curriculum, drawn_blocks, learning_rate, skipped_positions
 from .trackers import TRACKER_RUN, hyperparameters, scalars
@@ -139,6 +141,9 @@ def _train(cfg: TrainConfig, run_dir: Path, resume: bool, on_step_end, show_prog
         if on_step_end is not None:
             on_step_end(done, run.model)
     bar.close()
+    last = last_eval(run.files.train_log)
+    if last is None or last["step"] != cfg.steps:  # resumed at its end with the last validation's line lost
+        validate(run)
     return finish(run, wall_s=time.time() - t0)
 
 
@@ -169,8 +174,33 @@ def check_identity(cfg: TrainConfig, files: RunFolder, resume: bool, overwrite: 
     if held and not overwrite:
         raise ReskipError(f"{files.root} already holds a training run ({', '.join(p.name for p in held)}): "
                           "--resume it, pass --overwrite to replace it, or choose another --out")
+    foreign = not_written_by_training(files)
+    if foreign:
+        raise ReskipError(f"{files.root} holds files that are not a reskip training run's ({', '.join(foreign[:5])}): "
+                          "--overwrite removes only a run's own files; move those away or choose another --out")
     for path in held if remove else ():  # one process removes them
         shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+
+
+OWN_ADAPTER_FILES = {ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, CARD_NAME}
+
+
+def not_written_by_training(files: RunFolder) -> list[str]:
+    """The paths among a folder's training files that training did not write (a config.yaml that is not a
+    training config, anything in checkpoints/ or adapter/ but the run's own), which --overwrite must not remove."""
+    out = []
+    if files.config.is_file():
+        try:
+            TrainConfig.from_file(files.config)
+        except ReskipError:
+            out.append(str(files.config))
+    elif files.config.exists():
+        out.append(str(files.config))
+    for folder, own in ((files.checkpoints, lambda p: p.name == "latest" or CHECKPOINT_NAME.fullmatch(p.name)),
+                        (files.adapter, lambda p: p.name in OWN_ADAPTER_FILES)):
+        if folder.is_dir():
+            out += [str(p) for p in sorted(folder.iterdir()) if not own(p)]
+    return out
 
 
 def open_training(cfg: TrainConfig, run_dir: Path, resume: bool, show_progress: bool,
