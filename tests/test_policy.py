@@ -83,6 +83,10 @@ def test_policies_from_specs(tiny_policy):
         (lambda d: d["blocks"].append({**d["blocks"][1], "block": 9}), "beyond"),
         (lambda d: d["blocks"][1].pop("A"), "missing 'A'"),
         (lambda d: d.update(quantile=-0.1), "quantile"),
+        (lambda d: d["blocks"][1].update(w_recent_quantiles=["a", "b"]), "w_recent_quantiles of block 2"),
+        (lambda d: d["blocks"][1].update(w_recent_quantiles=[float("nan")] * 3), "w_recent_quantiles of block 2"),
+        (lambda d: d["blocks"][1].update(w_recent_quantiles=[0.9, 0.1]), "ascending"),
+        (lambda d: d.update(backbone=[]), "backbone must be an object"),
     ],
 )
 def test_bad_policy_files_get_clear_errors(tiny_policy, tmp_path, mutate, message):
@@ -102,6 +106,14 @@ def test_policy_refuses_another_adapter_or_backbone(tiny_policy):
     qwen = retrofit(tiny_model("qwen3"), RetrofitConfig(block_size=2, rank=8))
     with pytest.raises(PolicyError, match="another backbone"):
         pf.check_model(qwen)
+    # the same weights under another forward (an edited adapter_config.json): refused by name
+    rm.config.variant = "observer"
+    try:
+        with pytest.raises(PolicyError, match="other settings .*variant"):
+            pf.check_model(rm)
+    finally:
+        rm.config.variant = "recipe"
+    pf.check_model(rm)
 
 
 @pytest.fixture(scope="module")

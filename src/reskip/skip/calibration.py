@@ -23,7 +23,7 @@ from ..losses import ce_sum
 from ..ar_retrofit.adapter_io import fingerprint
 from ..ar_retrofit.blocks import inclusive_ranges
 from ..ar_retrofit.model import ReskipModel
-from .policy_file import FORMAT_VERSION, PolicyFile, side_channel_digest
+from .policy_file import FORMAT_VERSION, PolicyFile, forward_config, side_channel_digest
 from .signal import signal_health
 
 GRID = 101  # w_recent quantiles stored per block: 0%, 1%, ..., 100%
@@ -52,8 +52,8 @@ def calibrate(model: ReskipModel, data: Packed, delta: float = 0.2, quantile: fl
         "format_version": FORMAT_VERSION,
         "kind": "reskip-policy",
         "backbone": fingerprint(model.base_model),
-        "adapter": {"side_channel_digest": side_channel_digest(model), "rank": model.rank,
-                    "blocks": inclusive_ranges(model.blocks)},
+        "adapter": {"side_channel_digest": side_channel_digest(model), "forward_config": forward_config(model),
+                    "rank": model.rank, "blocks": inclusive_ranges(model.blocks)},
         "delta": delta,
         "quantile": quantile,
         "window": window,

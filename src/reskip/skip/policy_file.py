@@ -35,6 +35,13 @@ def side_channel_digest(model: ReskipModel) -> str:
     return digest.hexdigest()[:16]
 
 
+def forward_config(model: ReskipModel) -> dict:
+    """The adapter settings that shape its forward pass beyond what its weights' shapes say: a policy calibrated
+    under one of them does not hold under another (editing `variant` in adapter_config.json must not pass)."""
+    return {"blocks": [[b.start, b[-1]] for b in model.blocks], "activation": model.config.activation,
+            "skip_path": model.config.skip_path, "variant": model.config.variant}
+
+
 def _number(x) -> bool:
     """A finite JSON number (not a boolean)."""
     return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x and abs(x) != float("inf")
@@ -74,6 +81,8 @@ class PolicyFile:
 
         for key in ("format_version", "backbone", "adapter", "delta", "quantile", "window", "max_skips", "blocks"):
             need(key in d, f"missing field {key!r}")
+        for key in ("backbone", "adapter"):
+            need(isinstance(d[key], dict), f"{key} must be an object (a fingerprint written by `reskip calibrate`)")
         need(d["format_version"] == FORMAT_VERSION, f"format_version must be {FORMAT_VERSION}")
         need(_integer(d["window"]) and d["window"] >= 1, f"window must be an integer >= 1, got {d['window']!r}")
         need(_integer(d["max_skips"]) and d["max_skips"] >= 0, f"max_skips must be >= 0, got {d['max_skips']!r}")
@@ -97,6 +106,11 @@ class PolicyFile:
                 need(_number(b["tau"]) and 0.0 <= b["tau"] <= 1.0,
                      f"tau of block {n} must lie in [0, 1] (a routing weight), got {b['tau']!r}")
             need(not (b["eligible"] and b["tau"] is None), f"block {n} is eligible but has no threshold")
+            grid = b.get("w_recent_quantiles")
+            if grid is not None:
+                need(isinstance(grid, list) and all(_number(g) and 0.0 <= g <= 1.0 for g in grid)
+                     and all(a <= c for a, c in zip(grid, grid[1:])),
+                     f"w_recent_quantiles of block {n} must be an ascending list of numbers in [0, 1]")
         budgets = d.get("budgets", {})
         need(isinstance(budgets, dict) and isinstance(budgets.get("frontier", []), list),
              "budgets must be an object whose frontier is a list")
@@ -121,6 +135,11 @@ class PolicyFile:
             raise PolicyError(f"{self.path}: calibrated for another backbone (differs in {', '.join(diffs)}); recalibrate")
         if self.data["adapter"].get("side_channel_digest") != side_channel_digest(model):
             raise PolicyError(f"{self.path}: calibrated for another adapter; run `reskip calibrate` for this one")
+        saved_forward = self.data["adapter"].get("forward_config")  # absent from files written before it was kept
+        if saved_forward is not None and saved_forward != forward_config(model):
+            diffs = [k for k, v in forward_config(model).items() if saved_forward.get(k) != v]
+            raise PolicyError(f"{self.path}: calibrated for this adapter's weights under other settings (differs in "
+                              f"{', '.join(diffs)}); run `reskip calibrate` for these")
 
     @property
     def blocks(self) -> dict[int, dict]:
