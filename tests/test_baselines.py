@@ -13,7 +13,8 @@ from helpers import FAMILIES, save_tiny, tiny_model, write_corpus
 from reskip import compat
 from reskip.ar_retrofit.config import RetrofitConfig
 from reskip.ar_retrofit.model import retrofit
-from reskip.baselines.lora import add_lora, matched_lora_config, matched_ranks, lora_parameters, trainable_parameters
+from reskip.baselines.lora import add_lora, trainable_parameters
+from reskip.lora_ranks import lora_parameters, matched_lora_config, matched_ranks
 from reskip.baselines.pruning import prune
 from reskip.baselines.train import LoraArm, load_lora_run, train_lora
 from reskip.cli import main

@@ -1,4 +1,5 @@
-"""Adapter files: `adapter_config.json` + `adapter_model.safetensors`, the side-channel only.
+"""Adapter files: `adapter_config.json` + `adapter_model.safetensors`, the side-channel (and the LoRA inside the
+blocks, when the retrofit carries one).
 
 The config records the retrofit settings and a fingerprint of the backbone
 (family, layer count, hidden size, a hash of the architecture config and a digest
@@ -22,6 +23,7 @@ from torch import nn
 from ..errors import AdapterError
 from ..io_atomic import atomic_folder
 from ..version import __version__
+from . import inner_lora
 from .blocks import inclusive_ranges
 from .config import ADAPTER_CONFIG_NAME as CONFIG_NAME
 from .config import ADAPTER_WEIGHTS_NAME as WEIGHTS_NAME
@@ -54,10 +56,14 @@ def weights_digest(model: nn.Module, n_values: int = 4096) -> str:
     """Digest of every backbone tensor's shape and first values, rounded to bfloat16.
 
     Rounding to bf16 makes the digest the same whether the backbone was loaded in
-    float32 or bfloat16; parameter names are left out so wrapping does not change it.
+    float32 or bfloat16; parameter names are left out so wrapping does not change it, and so are the
+    parameters of a LoRA the retrofit put inside the blocks (they are the adapter's, not the backbone's).
     """
     digest = hashlib.sha256()
+    added = {id(p) for p in inner_lora.parameters(model)}
     for p in model.parameters():
+        if id(p) in added:
+            continue
         digest.update(str(tuple(p.shape)).encode())
         head = p.detach().reshape(-1)[:n_values].to("cpu", torch.bfloat16)
         digest.update(head.view(torch.int16).numpy().tobytes())
@@ -78,7 +84,7 @@ def fingerprint(base_model: nn.Module) -> dict:
 def save_adapter(model, path, metadata: dict | None = None) -> Path:
     """Write the side-channel of `model` (a ReskipModel) and its config into folder `path` (created if needed)."""
     path = Path(path)
-    state = {k: v.detach().to("cpu").contiguous() for k, v in model.side_channel.state_dict().items()}
+    state = {k: v.detach().to("cpu").contiguous() for k, v in model.adapter_state().items()}
     config = {
         "format_version": FORMAT_VERSION,
         "reskip_version": __version__,

@@ -67,6 +67,8 @@ class RetrofitConfig:
     shortcut_rank: int | None = described(None, "rank of S_n (null: the correction's rank)")
     variant: str = described("recipe", "how r_n enters block n: recipe, or one of the source design's rejected "
                                        "designs (observer, interpolate, gamma_free; `reskip experiment variants`)")
+    inner_lora: int = described(0, "trainable parameters of a LoRA inside the frozen blocks (every linear projection "
+                                   "of the decoder layers, ranks dealt evenly), trained with the side-channel; 0: none")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -91,6 +93,8 @@ class RetrofitConfig:
         if self.shortcut_rank is not None and (not isinstance(self.shortcut_rank, int) or self.shortcut_rank <= 0):
             raise RetrofitConfigError(f"shortcut_rank must be a positive integer (or None: the adapter's rank), "
                                       f"got {self.shortcut_rank!r}")
+        if not isinstance(self.inner_lora, int) or isinstance(self.inner_lora, bool) or self.inner_lora < 0:
+            raise RetrofitConfigError(f"inner_lora must be a whole number of parameters >= 0, got {self.inner_lora!r}")
         if not self.up_init_std > 0:
             raise RetrofitConfigError("up_init_std must be > 0: W_up starts small but nonzero")
 

@@ -13,6 +13,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from .. import compat
 from ..errors import AdapterError
 from ..losses import token_entropy
+from . import inner_lora
 from .adapter_io import WEIGHTS_NAME, check_backbone, read_adapter_config, read_adapter_weights, save_adapter
 from .blocks import retrofit_blocks
 from .config import RetrofitConfig
@@ -50,6 +51,9 @@ class ReskipModel(nn.Module):
         hidden_size = base_model.config.hidden_size
         self.base_model = base_model
         base_model.requires_grad_(False)
+        # a LoRA inside the blocks, before the layers are wrapped (B = 0: still the backbone exactly)
+        self.lora_accounting = inner_lora.inject(base_model, config.inner_lora) if config.inner_lora else None
+        layers = compat.decoder_layers(base_model)
         device = base_model.get_input_embeddings().weight.device
         self.side_channel = SideChannel(hidden_size, len(self.blocks), config, seed).to(device)
         self.depth_pass = DepthPass(self.side_channel, len(self.blocks))
@@ -67,8 +71,27 @@ class ReskipModel(nn.Module):
         return self.side_channel.rank
 
     def trainable_parameters(self) -> list[nn.Parameter]:
-        """The side-channel's parameters: chosen by structure (the modules we added), never by name."""
-        return list(self.side_channel.parameters())
+        """The side-channel's parameters and the inner LoRA's, if any: chosen by structure (the modules we added),
+        never by name."""
+        extra = inner_lora.parameters(self.base_model) if self.lora_accounting else []
+        return list(self.side_channel.parameters()) + extra
+
+    def adapter_state(self) -> dict:
+        """Every tensor the adapter saves: the side-channel's, and the inner LoRA's (`inner_lora.` names)."""
+        state = dict(self.side_channel.state_dict())
+        if self.lora_accounting:
+            state.update(inner_lora.state_dict(self.base_model))
+        return state
+
+    def load_adapter_state(self, state: dict) -> None:
+        """Load `adapter_state`'s tensors (strict: a missing or unexpected name raises KeyError or RuntimeError)."""
+        side = {k: v for k, v in state.items() if not k.startswith(inner_lora.PREFIX)}
+        lora = {k: v for k, v in state.items() if k.startswith(inner_lora.PREFIX)}
+        if lora and not self.lora_accounting:
+            raise KeyError(f"inner LoRA tensors ({next(iter(lora))}) for a retrofit without one")
+        self.side_channel.load_state_dict(side)
+        if self.lora_accounting:
+            inner_lora.load_state_dict(self.base_model, lora)
 
     def unretrofit(self) -> nn.Module:
         """Put the original decoder layers back and return the untouched backbone."""
@@ -76,6 +99,8 @@ class ReskipModel(nn.Module):
         for i, layer in enumerate(layers):
             if isinstance(layer, BlockLayer):
                 layers[i] = layer.layer
+        if self.lora_accounting:
+            inner_lora.remove(self.base_model)
         return self.base_model
 
     @contextlib.contextmanager
@@ -111,8 +136,10 @@ class ReskipModel(nn.Module):
 
     @contextlib.contextmanager
     def side_channel_disabled(self):
-        """The teacher: the same weights with the side-channel switched off (no router runs)."""
-        with self._depth_setting("enabled", False):
+        """The teacher: the same weights with the side-channel switched off (no router runs), and the inner LoRA
+        too: the frozen backbone exactly."""
+        with self._depth_setting("enabled", False), (inner_lora.disabled(self.base_model) if self.lora_accounting
+                                                     else contextlib.nullcontext()):
             yield self
 
     @contextlib.contextmanager
@@ -246,7 +273,7 @@ def load_adapter(base_model: nn.Module, path, strict_weights: bool = True) -> Re
     check_backbone(cfg["backbone"], base_model, strict_weights)
     state = read_adapter_weights(path)
     model = ReskipModel(base_model, RetrofitConfig.from_dict(cfg["retrofit"]), seed=cfg.get("seed", 0))
-    expected = model.side_channel.state_dict()
+    expected = model.adapter_state()
     missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
     bad_shapes = [k for k in expected if k in state and state[k].shape != expected[k].shape]
     if missing or unexpected or bad_shapes:
@@ -255,7 +282,7 @@ def load_adapter(base_model: nn.Module, path, strict_weights: bool = True) -> Re
             f"{path / WEIGHTS_NAME} does not match its config (missing {missing[:3]}, "
             f"unexpected {unexpected[:3]}, wrong shape {bad_shapes[:3]})"
         )
-    model.side_channel.load_state_dict(state)
+    model.load_adapter_state(state)
     model.set_curriculum(cfg.get("curriculum", 1.0))
     return model
 

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from ..lora_ranks import matched_lora_config
 from .. import compat
 from ..errors import ModelNotFoundError
 from ..ar_retrofit.blocks import inclusive_ranges, retrofit_blocks
@@ -79,6 +80,7 @@ class ParamReport:
     blocks: list[list[int]]
     shortcut_params: int = 0  # of new_params: the skip path's shortcuts S_n (0 for the identity)
     shortcut_rank: int | None = None
+    inner_lora_params: int = 0  # of new_params: the LoRA inside the blocks (`RetrofitConfig.inner_lora`)
 
     @property
     def fraction(self) -> float:
@@ -97,6 +99,7 @@ class ParamReport:
             "blocks": self.blocks,
             "shortcut_params": self.shortcut_params,
             "shortcut_rank": self.shortcut_rank,
+            "inner_lora_params": self.inner_lora_params,
         }
 
 
@@ -112,6 +115,8 @@ def count_params(config, retrofit_config: RetrofitConfig, name: str = "") -> Par
         side = SideChannel(config.hidden_size, len(blocks), retrofit_config)
     new = sum(p.numel() for p in side.parameters())
     shortcut = sum(p.numel() for m in side.shortcut_modules() for p in m.parameters())
+    lora = matched_lora_config(model, retrofit_config.inner_lora)[1]["parameters"] if retrofit_config.inner_lora else 0
+    new += lora
     return ParamReport(
         backbone=name or config.model_type,
         family=config.model_type,
@@ -121,4 +126,5 @@ def count_params(config, retrofit_config: RetrofitConfig, name: str = "") -> Par
         blocks=inclusive_ranges(blocks),
         shortcut_params=shortcut,
         shortcut_rank=side.shortcut_rank,
+        inner_lora_params=lora,
     )

@@ -41,7 +41,8 @@ from ..train.log import append_record, read_log, records, truncate_after
 from ..train.checkpoint import latest_checkpoint
 from ..train.loop import check_against_backbone, prepare_data
 from ..train.schedules import learning_rate
-from .lora import add_lora, matched_lora_config, trainable_parameters
+from ..lora_ranks import matched_lora_config
+from .lora import add_lora, trainable_parameters
 from .pruning import prune
 
 STATE_NAME = "trainer_state.pt"

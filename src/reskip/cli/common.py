@@ -67,6 +67,7 @@ def retrofit_flags(p: argparse.ArgumentParser) -> None:
                    help=text("skip_path") + " (default: shortcut when training)")
     p.add_argument("--shortcut-rank", type=int, default=None, help=text("shortcut_rank"))
     p.add_argument("--variant", choices=VARIANTS, default=None, help=text("variant"))
+    p.add_argument("--inner-lora", type=int, default=None, help=text("inner_lora"))
 
 
 def adapter_flag(p: argparse.ArgumentParser) -> None:
@@ -85,7 +86,8 @@ def parse_boundaries(text: str | None) -> list[int] | None:
 def retrofit_values(args) -> dict:
     """The retrofit flags that were given, as RetrofitConfig keys."""
     values = {"block_size": args.block_size, "rank": args.rank, "boundaries": parse_boundaries(args.boundaries),
-              "skip_path": args.skip_path, "shortcut_rank": args.shortcut_rank, "variant": args.variant}
+              "skip_path": args.skip_path, "shortcut_rank": args.shortcut_rank, "variant": args.variant,
+              "inner_lora": args.inner_lora}
     return {k: v for k, v in values.items() if v is not None}
 
 

@@ -29,7 +29,7 @@ FORMAT_VERSION = 1
 
 def side_channel_digest(model: ReskipModel) -> str:
     digest = hashlib.sha256()
-    for name, t in sorted(model.side_channel.state_dict().items()):
+    for name, t in sorted(model.adapter_state().items()):
         digest.update(name.encode())
         digest.update(t.detach().float().cpu().numpy().tobytes())
     return digest.hexdigest()[:16]

@@ -75,7 +75,7 @@ def load_checkpoint(path: Path, model: ReskipModel, optimizer) -> dict:
     check_backbone(cfg["backbone"], model.base_model)
     try:
         state = torch.load(path / STATE_NAME, weights_only=True)
-        model.side_channel.load_state_dict(read_adapter_weights(path))
+        model.load_adapter_state(read_adapter_weights(path))
     except Exception as e:  # noqa: BLE001 - any unreadable checkpoint gets the same clear message
         raise ReskipError(f"checkpoint {path} is unreadable ({type(e).__name__}: {e}); delete it to use an older one") from e
     optimizer.load_state_dict(state["optimizer"])
