@@ -137,6 +137,7 @@ def test_baselines_experiment_trains_every_method_at_every_lr_and_reads_them_aga
     assert not (folder / "results.json").exists() and (folder / "arms" / "lora@0.02" / "adapter").is_dir()
     assert main(args) == 0
     r = json.loads((folder / "results.json").read_text())
+    sweep_before = r["sweep"]
     assert set(r["sweep"]) == {f"{m}@{lr}" for m in ("recipe", "lora", "healed-static:1", "healed-static:2")
                                for lr in ("0.01", "0.02")}
     for method, name in r["chosen"].items():  # the lowest validation perplexity of each method's sweep
@@ -170,6 +171,19 @@ def test_baselines_experiment_trains_every_method_at_every_lr_and_reads_them_aga
     assert main(["report", str(out)]) == 0
     page = (out / "report" / "report.html").read_text()
     assert "Baselines: quality against compute" in page and "healed-static:1" in page
+
+    # the recipe's variants at the same total parameters, beside the finished arms (read back, not retrained)
+    assert main([*args, "--variants"]) == 0
+    r = json.loads((folder / "results.json").read_text())
+    assert r["variants"] == ["side+lora", "full-teacher"] and r["sweep"]["lora@0.01"] == sweep_before["lora@0.01"]
+    side = r["sweep"][r["chosen"]["side+lora"]]
+    assert abs(side["params"] - r["target_params"]) <= 256  # the LoRA takes what the halved side-channel frees
+    cfg = TrainConfig.from_file(folder / "arms" / "side+lora@0.01" / "config.yaml")
+    assert cfg.retrofit["rank"] == 4 and cfg.retrofit["shortcut_rank"] == 4 and cfg.retrofit["inner_lora"] > 0
+    assert TrainConfig.from_file(folder / "arms" / "full-teacher@0.01" / "config.yaml").skip_teacher == "full"
+    assert {"side+lora / retrofit", "full-teacher / static:1"} <= set(r["rows"])
+    assert "side+lora / retrofit - lora (kjv)" in r["intervals"] and len(r["claims"]) == 22
+    assert "full-teacher / reskip:budget=1" in r["verdict"]
 
 
 @pytest.mark.real

@@ -17,7 +17,7 @@ def experiment_options(args) -> ExperimentOptions:
                              out=args.out, seed=args.seed, overrides=overrides, calib_sequences=args.calib_sequences,
                              test_sequences=args.test_sequences, boundaries=boundaries, budget_bytes=args.budget_bytes,
                              context=args.context, dtype_bytes=args.dtype_bytes, dtype=args.dtype, arms=args.arms, lrs=args.lrs,
-                             quiet=args.quiet)
+                             variants=args.variants, quiet=args.quiet)
 
 
 def cmd_experiment(args) -> int:
@@ -66,6 +66,10 @@ def register(sub) -> None:
     p.add_argument("--lrs", nargs="+", type=float, default=None, metavar="LR",
                    help="baselines: the learning rates every method is trained at, the best on validation kept "
                         "(default: 0.5, 1 and 2 x the recipe's)")
+    p.add_argument("--variants", action="store_true",
+                   help="baselines: also the recipe's variants at the same total trainable parameters: side+lora (the "
+                        "side-channel at half its rank and a LoRA inside the blocks) and full-teacher (the skip "
+                        "branch distilled toward the full path)")
     p.add_argument("--dtype-bytes", type=int, default=2, help="placement: bytes per state value (default 2, bf16)")
     dtype_flag(p)
     p.add_argument("--quiet", action="store_true")

@@ -9,6 +9,11 @@ perplexity is kept, the same rule for every method):
   the side-channel's (`baselines.lora`), plain CE with the recipe's loss mask;
 - `healed-static:K`: the K middle blocks whose removal costs the backbone least on the calibration split
   (A(n) of the backbone itself) removed, the rest healed by a LoRA of the same parameter count.
+With `variants`, the recipe's variants that could close the gap, each at the same total trainable parameters:
+- `side+lora`: the side-channel at half its rank (corrections and shortcuts) and a LoRA inside the frozen blocks
+  with the parameters that frees (`RetrofitConfig.inner_lora`), trained together by the recipe's loss;
+- `full-teacher`: the recipe with its skip branch distilled toward the full path instead of the frozen backbone
+  (`TrainConfig.skip_teacher`: a named departure from the source design).
 Measured on the validation split (the sweep), the test split and the held-out kjv (the recipe's eval sequences,
 16 x 256), with 95% bootstrap intervals over sequences for the differences the verdict reads. Without
 healing, the same pruned backbones are measured too (`pruned:K`), so the table shows what healing buys.
@@ -39,6 +44,7 @@ from ..pipeline import HELDOUT, PRESETS, PipelineConfig
 from ..reading import read_json
 from ..report.figures import fig_baselines
 from ..runs import RunFolder
+from ..ar_retrofit.config import RetrofitConfig
 from ..skip.position_choice import bootstrap_difference
 from ..skip.policy_file import PolicyFile
 from ..skip.spec import METHOD_KINDS, parse_specs
@@ -47,10 +53,11 @@ from ..train.config import TrainConfig
 from ..train.log import read_log, records
 from ..train.loop import train
 from ..train.checkpoint import latest_checkpoint
+from .baselines_tables import RECIPE_ROWS, SPLITS, VARIANT_ROWS, claims, intervals, tables, variant_row, verdict
 from .options import ExperimentOptions
-from .record import claim
 
 METHODS = ("recipe", "lora", "healed-static:1", "healed-static:2")
+VARIANTS = ("side+lora", "full-teacher")  # recipe variants at the same total trainable parameters (`--variants`)
 LR_FACTORS = (0.5, 1.0, 2.0)  # the sweep: these multiples of the recipe's learning rate, for every method
 COSTS_FILE = "backbone_blocks.json"
 
@@ -58,7 +65,8 @@ COSTS_FILE = "backbone_blocks.json"
 def run(options: ExperimentOptions, folder: Path, show=print) -> dict | None:
     if options.lrs is not None and not all(math.isfinite(lr) and lr > 0 for lr in options.lrs):
         raise ReskipError(f"--lrs: every learning rate must be a finite number > 0, got {options.lrs}")
-    chosen = _chosen_arms(options.arms)
+    methods = METHODS + (VARIANTS if options.variants else ())
+    chosen = _chosen_arms(options.arms, methods)
     pc = PipelineConfig(options.preset, options.model, list(options.data), {**options.overrides, "seed": options.seed},
                         dtype=options.dtype)
     pc.check()
@@ -67,7 +75,7 @@ def run(options: ExperimentOptions, folder: Path, show=print) -> dict | None:
     target = count_params(load_config(recipe.model, recipe.trust_remote_code), recipe.retrofit_config()).new_params
     costs = _block_costs(pc, folder, show)
     arms, pending = {}, []
-    for method in METHODS:
+    for method in methods:
         for lr in lrs:
             name = arm_name(method, lr)
             where = folder / "arms" / arm_slug(name)
@@ -75,21 +83,22 @@ def run(options: ExperimentOptions, folder: Path, show=print) -> dict | None:
                 pending.append(name)
                 continue
             show(f"[experiment baselines] arm {name}")
-            arms[name] = _train_arm(method, dataclasses.replace(recipe, lr=lr), where, target, costs,
-                                    not options.quiet)
+            cfg = variant_config(method, dataclasses.replace(recipe, lr=lr), target)
+            arms[name] = _train_arm(method, cfg, where, target, costs, not options.quiet)
     if pending:
         show(f"[experiment baselines] not trained yet: {', '.join(pending)}; results.json is written by the run "
              "that finds every arm finished")
         return None
-    best = {m: min((n for n in arms if n.startswith(m + "@")), key=lambda n: arms[n]["val_ppl"]) for m in METHODS}
-    measured = _measure(pc, folder, best, costs, show)
+    best = {m: min((n for n in arms if n.startswith(m + "@")), key=lambda n: arms[n]["val_ppl"]) for m in methods}
+    variants = [m for m in methods if m in VARIANTS]
+    measured = _measure(pc, folder, best, costs, variants, show)
     out = {"experiment": "baselines", "preset": options.preset, "model": recipe.model, "data": list(recipe.data),
            "seed": recipe.seed, "dtype": measured["dtype"], "lrs": lrs, "target_params": target,
            "budget": {"steps": recipe.steps, "batch_size": recipe.batch_size, "seq_len": recipe.seq_len,
                       "tokens": recipe.steps * recipe.batch_size * recipe.seq_len},
            "backbone_blocks": {**costs.to_dict(), "dropped": {str(k): costs.cheapest(k) for k in (1, 2)},
                                "influence_would_drop": {str(k): costs.most_similar(k) for k in (1, 2)}},
-           "sweep": arms, "chosen": best, **measured}
+           "sweep": arms, "chosen": best, "variants": variants, **measured}
     out["claims"] = claims(out)
     out["tables"] = tables(out)
     out["verdict"] = verdict(out)
@@ -107,13 +116,34 @@ def arm_slug(name: str) -> str:
     return name.replace(":", "-")
 
 
-def _chosen_arms(arms: list[str] | None) -> set[str]:
+def _chosen_arms(arms: list[str] | None, methods: tuple[str, ...]) -> set[str]:
     if not arms:
-        return set(METHODS)
-    unknown = [a for a in arms if a not in METHODS]
+        return set(methods)
+    unknown = [a for a in arms if a not in methods]
     if unknown:
-        raise ReskipError(f"`baselines` has no method {', '.join(map(repr, unknown))}; its methods: {', '.join(METHODS)}")
+        more = "" if set(unknown) - set(VARIANTS) else " (the variants need --variants)"
+        raise ReskipError(f"`baselines` has no method {', '.join(map(repr, unknown))}; its methods: "
+                          f"{', '.join(methods)}{more}")
     return set(arms)
+
+
+def variant_config(method: str, cfg: TrainConfig, target: int) -> TrainConfig:
+    """The training config of a recipe variant (the recipe's own for the others): `side+lora` halves the
+    side-channel's ranks and gives the parameters that frees to a LoRA inside the blocks; `full-teacher`
+    distils the skip branch toward the full path."""
+    if method == "full-teacher":
+        return dataclasses.replace(cfg, skip_teacher="full")
+    if method != "side+lora":
+        return cfg
+    model_config = load_config(cfg.model, cfg.trust_remote_code)
+    rc = cfg.retrofit_config()
+    half = max(1, rc.resolved_rank(model_config.hidden_size) // 2)
+    slim = {**cfg.retrofit, "rank": half, "shortcut_rank": half}
+    side = count_params(model_config, RetrofitConfig(**{**cfg.resolved_retrofit(), **slim})).new_params
+    if side >= target:
+        raise ReskipError(f"side+lora: the side-channel at rank {half} already has {side:,} of the {target:,} "
+                          "parameters; nothing is left for a LoRA")
+    return dataclasses.replace(cfg, retrofit={**slim, "inner_lora": target - side})
 
 
 def _block_costs(pc: PipelineConfig, folder: Path, show) -> BlockCosts:
@@ -142,15 +172,16 @@ def _block_costs(pc: PipelineConfig, folder: Path, show) -> BlockCosts:
 def _train_arm(method: str, cfg: TrainConfig, where: Path, target: int, costs: BlockCosts, progress: bool) -> dict:
     """Train one arm (or read it when finished); its row of the sweep."""
     files = RunFolder(where)
-    if method == "recipe":
+    if method in ("recipe", *VARIANTS):
         if files.config.is_file() and TrainConfig.from_file(files.config).to_dict() != dataclasses.replace(
                 cfg, dtype=resolve_dtype_name(cfg.dtype)).to_dict():
             raise ReskipError(f"{where} holds a recipe run of other settings (its config.yaml differs): remove it")
         if not files.summary.is_file():
             train(cfg, where, resume=latest_checkpoint(where) is not None, show_progress=progress, overwrite=True)
         s = read_json(files.summary)
+        params = count_params(load_config(cfg.model, cfg.trust_remote_code), cfg.retrofit_config()).new_params
         return {"method": method, "lr": cfg.lr, "val_ppl": s["ppl_full"]["end"], "val_ppl_backbone": s["ppl_backbone"],
-                "params": target, "train_wall_s": _train_wall(files)}
+                "params": params, "train_wall_s": _train_wall(files)}
     k = int(method.split(":")[1]) if ":" in method else 0
     blocks = costs.cheapest(k) if k else []
     arm = LoraArm(params=target, drop_layers=sorted(costs.layers_of(blocks)), drop_blocks=blocks)
@@ -166,37 +197,47 @@ def _train_wall(files: RunFolder) -> float:
 
 
 # ---- measuring the chosen arms on the eval's sequences ------------------------------------------------------
-RECIPE_ROWS = {"retrofit": "retrofit", "reskip:budget=1": "ReSkip, budget 1", "reskip:budget=1:held": "ReSkip, budget 1, held",
-               "sequence:1": "per-sequence selection, 1 block", "reskip:budget=2": "ReSkip, budget 2",
-               "reskip:budget=2:held": "ReSkip, budget 2, held", "sequence:2": "per-sequence selection, 2 blocks",
-               "static:1": "static:1 (learned shortcut)", "static:2": "static:2 (learned shortcut)"}
 SEQUENCE = (1, 2)  # per-sequence selection of this many blocks (skipped from each sequence's second step on)
 HELD = (1.0, 2.0)  # the budgets also measured with their rate held online
-RECIPE_EVAL = "recipe-eval"  # recipe-eval/<arm>: the chosen recipe run's eval with the rows the table needs
-SPLITS = ("test", "kjv")
+RECIPE_EVAL = "recipe-eval"  # recipe-eval/<arm>: a recipe-kind arm's eval with the rows the table needs
 
 
-def _measure(pc: PipelineConfig, folder: Path, best: dict, costs: BlockCosts, show) -> dict:
-    """Every row of the table on the test split and kjv: the recipe's from an eval of its chosen run (the
-    pipeline's methods, with static pruning at exactly 1 and 2 blocks per step and the held budgets, and on kjv
-    the baselines matched again at the skips ReSkip spends there), the LoRA arms' and the unhealed pruned
-    backbones' scored here on the same packed sequences."""
-    rdir = folder / "arms" / arm_slug(best["recipe"])
+def _recipe_eval(pc: PipelineConfig, folder: Path, arm: str, full: bool) -> dict:
+    """The eval of a recipe-kind arm (calibrated first if it is not): the pipeline's methods with static pruning
+    at exactly 1 and 2 blocks per step, and for the recipe itself (`full`) the held budgets and per-sequence
+    selection too; on kjv the baselines matched again at the skips each method spends there."""
+    rdir = folder / "arms" / arm_slug(arm)
     files = RunFolder(rdir)
     if not files.policy.is_file():
         calibrate_run(rdir, pc.calibrate_options())
-    ev_dir = folder / RECIPE_EVAL / arm_slug(best["recipe"])  # per arm: a wider sweep may choose another
+    ev_dir = folder / RECIPE_EVAL / arm_slug(arm)  # per arm: a wider sweep may choose another
     if not (ev_dir / "results.json").is_file():
         budgets = PolicyFile.load(files.policy).budgets()
-        extra = ["static:1", "static:2", *(f"reskip:budget={b:g}:held" for b in HELD if b in budgets),
-                 *(f"sequence:{k}" for k in SEQUENCE)]
+        extra = ["static:1", "static:2"]
+        if full:
+            extra += [*(f"reskip:budget={b:g}:held" for b in HELD if b in budgets), *(f"sequence:{k}" for k in SEQUENCE)]
         opts = pc.eval_options()
         evaluate_run(rdir, dataclasses.replace(opts, methods=[*opts.methods, *parse_specs(extra, METHOD_KINDS)],
                                                benchmarks=[], out=str(ev_dir)))
     ev = read_json(ev_dir / "results.json")
+    ev["path"] = str(ev_dir / "results.json")
+    return ev
+
+
+def _measure(pc: PipelineConfig, folder: Path, best: dict, costs: BlockCosts, variants: list[str], show) -> dict:
+    """Every row of the table on the test split and kjv: the recipe's and each variant's from an eval of its
+    chosen run (`_recipe_eval`), the LoRA arms' and the unhealed pruned backbones' scored here on the same
+    packed sequences."""
+    ev = _recipe_eval(pc, folder, best["recipe"], full=True)
     methods = {"test": ev["methods"], "kjv": ev["heldout"]["methods"]}
     rows = {key: _recipe_row(methods, key) for key in ("backbone", *RECIPE_ROWS)
             if all(key in methods[s] for s in SPLITS)}
+    for v in variants:
+        show(f"[experiment baselines] measuring {best[v]}")
+        vev = _recipe_eval(pc, folder, best[v], full=False)
+        vm = {"test": vev["methods"], "kjv": vev["heldout"]["methods"]}
+        rows.update({variant_row(v, key): _recipe_row(vm, key) for key in VARIANT_ROWS
+                     if all(key in vm[s] for s in SPLITS)})
     cfg = pc.train_config()
     data, _ = load_splits(cfg.data)
     held, _ = load_splits(list(HELDOUT))
@@ -233,8 +274,8 @@ def _measure(pc: PipelineConfig, folder: Path, best: dict, costs: BlockCosts, sh
         row["ppl_ratio"] = {s: _ratio(row["per_sequence"][s], back[s]) for s in SPLITS}
     check_ratio = {s: _ratio(check["per_sequence"][s], back[s]) for s in SPLITS}
     return {"dtype": ev["meta"]["dtype"], "rows": rows, "backbone_rescored": check_ratio,
-            "intervals": intervals(rows), "at_spent_compute": {sp: at_spent_compute(methods[sp]) for sp in SPLITS},
-            "recipe_eval": str(ev_dir / "results.json")}
+            "intervals": intervals(rows, variants),
+            "at_spent_compute": {sp: at_spent_compute(methods[sp]) for sp in SPLITS}, "recipe_eval": ev["path"]}
 
 
 def at_spent_compute(methods: dict) -> list[dict]:
@@ -268,118 +309,3 @@ def _ratio(per: dict, back: dict) -> float:
     return float(np.exp((sum(per["nll"]) - sum(back["nll"])) / sum(back["targets"])))
 
 
-COMPARISONS = (("retrofit", "lora"), ("reskip:budget=1", "healed-static:1"),
-               ("reskip:budget=1:held", "healed-static:1"), ("sequence:1", "healed-static:1"),
-               ("sequence:2", "healed-static:2"), ("static:1", "healed-static:1"),
-               ("reskip:budget=2", "healed-static:2"), ("static:2", "healed-static:2"),
-               ("healed-static:1", "backbone"), ("lora", "backbone"))
-
-
-def intervals(rows: dict) -> dict:
-    """a - b of perplexity / backbone for each comparison the verdict reads, per split, with its 95% bootstrap
-    interval over sequences."""
-    out = {}
-    for a, b in COMPARISONS:
-        if a not in rows or b not in rows:  # a budget out of this model's reach
-            continue
-        for s in SPLITS:
-            back = rows["backbone"]["per_sequence"][s]
-            full, targets = np.array(back["nll"], float), np.array(back["targets"], float)
-            d = bootstrap_difference(full, np.array(rows[a]["per_sequence"][s]["nll"], float),
-                                     np.array(rows[b]["per_sequence"][s]["nll"], float), targets)
-            out[f"{a} - {b} ({s})"] = d
-    return out
-
-
-# ---- what the table says ---------------------------------------------------------------------------------
-def _ci(d: dict) -> str:
-    return f"{d['mean']:+.4f} [{d['lo']:+.4f}, {d['hi']:+.4f}]"
-
-
-def claims(r: dict) -> list[dict]:
-    iv = r["intervals"]
-    out = []
-    for s in SPLITS:
-        d = iv[f"retrofit - lora ({s})"]
-        out.append(claim(f"nothing skipped, the side-channel beats a parameter-matched LoRA beyond the interval ({s})",
-                         f"retrofit - lora = {_ci(d)}", d["hi"] < 0))
-    for k in (1, 2):
-        for key, label in ((f"reskip:budget={k}", "ReSkip"), (f"sequence:{k}", "per-sequence selection")):
-            for s in SPLITS:
-                d = iv.get(f"{key} - healed-static:{k} ({s})")
-                text = f"at {k} block(s) per step {label} beats LoRA-healed static pruning beyond the interval ({s})"
-                if d is None:
-                    out.append(claim(text, f"no {key} on this model", None))
-                    continue
-                skips = r["rows"][key]["blocks_skipped"][s]
-                out.append(claim(text, f"{label} - healed = {_ci(d)} ({label} skips {skips:.2f} blocks per step)",
-                                 d["hi"] < 0))
-    return out
-
-
-def tables(r: dict) -> dict:
-    rows, sweep = r["rows"], r["sweep"]
-    names = {"backbone": "backbone", **RECIPE_ROWS, "lora": "LoRA", "pruned:1": "pruned:1 (no healing)",
-             "healed-static:1": "healed-static:1", "pruned:2": "pruned:2 (no healing)", "healed-static:2": "healed-static:2"}
-    chosen = {m: sweep[n] for m, n in r["chosen"].items()}
-    method_of = {**{k: "recipe" for k in RECIPE_ROWS}, "lora": "lora", "healed-static:1": "healed-static:1",
-                 "healed-static:2": "healed-static:2"}
-    main = ["| method | blocks skipped / step (test, kjv) | layer FLOPs executed | trainable params | lr | "
-            "val ppl / backbone | test ppl / backbone | kjv ppl / backbone | training wall (min) |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for key, label in names.items():
-        if key not in rows:
-            continue
-        row, m = rows[key], chosen.get(method_of.get(key))
-        val = "-" if m is None or key.startswith(("reskip", "static")) else f"{m['val_ppl'] / m['val_ppl_backbone']:.4f}"
-        if key == "backbone":
-            val = "1.0000"
-        main.append(f"| {label} | {row['blocks_skipped']['test']:.2f}, {row['blocks_skipped']['kjv']:.2f} "
-                    f"| {row['flops_executed_share']['test']:.3f} | {'-' if m is None else format(m['params'], ',')} "
-                    f"| {'-' if m is None else format(m['lr'], 'g')} | {val} | {row['ppl_ratio']['test']:.4f} "
-                    f"| {row['ppl_ratio']['kjv']:.4f} | {'-' if m is None else format(m['train_wall_s'] / 60, '.1f')} |")
-    sw = ["| arm | lr | trainable params | final val ppl | val ppl / backbone | training wall (min) |",
-          "| --- | --- | --- | --- | --- | --- |"]
-    sw += [f"| {n}{' (chosen)' if n in r['chosen'].values() else ''} | {a['lr']:g} | {a['params']:,} | "
-           f"{a['val_ppl']:.3f} | {a['val_ppl'] / a['val_ppl_backbone']:.4f} | {a['train_wall_s'] / 60:.1f} |"
-           for n, a in sweep.items()]
-    iv = ["| difference (ppl / backbone) | 95% interval over sequences |", "| --- | --- |"]
-    iv += [f"| {k} | {_ci(d)} |" for k, d in r["intervals"].items()]
-    bb = r["backbone_blocks"]
-    blocks = ["| block | layers | A(n) on the backbone | cos(in, out) |", "| --- | --- | --- | --- |"]
-    blocks += [f"| {n} | {layers[0]}-{layers[-1]} | {bb['A'][str(n)]:.3f} | {bb['cos_in_out'][str(n)]:.4f} |"
-               for n, layers in enumerate(bb["blocks"], start=1)]
-    spent = ["| split | method | blocks skipped / step there | ppl / backbone | static at those skips | "
-             "method - static [95% CI] |", "| --- | --- | --- | --- | --- | --- |"]
-    spent += [f"| {sp} | {x['method']} | {x['skipped']:.2f} | {x['ppl_ratio']:.4f} | "
-              f"{'-' if x['static_ppl_ratio'] is None else format(x['static_ppl_ratio'], '.4f')} ({x['static']}) | "
-              f"{_ci(x['minus_static']) if 'minus_static' in x else '-'} |"
-              for sp in SPLITS for x in r["at_spent_compute"][sp]]
-    for k in ("1", "2"):
-        blocks.append(f"| drop {k} | by A(n): blocks {bb['dropped'][k]} | by influence (ShortGPT): blocks "
-                      f"{bb['influence_would_drop'][k]} | |")
-    return {"Every method at 0, 1 and 2 blocks per step (perplexity / the backbone's)": main,
-            "At the compute each input-dependent method spends (static matched on that split)": spent,
-            "The learning-rate sweep (chosen on validation)": sw,
-            "Differences the verdict reads": iv,
-            "The backbone's blocks (calibration split): what static pruning drops": blocks}
-
-
-def verdict(r: dict) -> str:
-    iv = r["intervals"]
-
-    def said(subject: str, a: str, b: str, other: str) -> str:
-        parts = []
-        for s in SPLITS:
-            d = iv.get(f"{a} - {b} ({s})")
-            if d is None:
-                return f"{subject}: not measured on this model."
-            how = "beats" if d["hi"] < 0 else "loses to" if d["lo"] > 0 else "is not separated from"
-            parts.append(f"{how} {other} on {s} ({_ci(d)})")
-        return f"{subject}, {a} " + " and ".join(parts) + "."
-
-    return " ".join(["Differences of perplexity / backbone with 95% intervals.",
-                     said("Nothing skipped", "retrofit", "lora", "a LoRA of the same trainable parameters"),
-                     *(said(f"At {w} per step", m, f"healed-static:{k}", "LoRA-healed static pruning")
-                       for k, w in ((1, "one block"), (2, "two blocks"))
-                       for m in (f"reskip:budget={k}", f"sequence:{k}"))])

@@ -318,6 +318,10 @@ def fig_baselines(result: dict):
         "LoRA, then LoRA-healed static": (("lora", "healed-static:1", "healed-static:2"), "tab:green", "v"),
         "backbone, then pruned (no healing)": (("backbone", "pruned:1", "pruned:2"), "tab:gray", "x"),
     }
+    for v, color in zip(result.get("variants", []), ("tab:brown", "tab:pink", "tab:olive")):
+        # a variant's rows are named "<variant> / <method>" (`experiments.baselines_tables.variant_row`)
+        curves[f"{v} + ReSkip budgets"] = (tuple(f"{v} / {k}" for k in ("retrofit", "reskip:budget=1",
+                                                                       "reskip:budget=2")), color, "o")
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for ax, split in zip(axes, ("test", "kjv")):
         for label, (names, color, marker) in curves.items():

@@ -1,0 +1,174 @@
+"""What `reskip experiment baselines` says of its rows: the intervals of the differences the verdict reads, the
+claims, the tables and the verdict. Reads the result dict only (`baselines.run` builds it).
+
+Row keys: the recipe run's rows by their eval method name (`retrofit`, `reskip:budget=1`, `static:1`, ...), a
+recipe variant's as `<variant> / <method>`, the baselines' by their method (`lora`, `healed-static:1`,
+`pruned:1`) and `backbone`."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..skip.position_choice import bootstrap_difference
+from .record import claim
+
+SPLITS = ("test", "kjv")
+RECIPE_ROWS = {"retrofit": "retrofit", "reskip:budget=1": "ReSkip, budget 1", "reskip:budget=1:held": "ReSkip, budget 1, held",
+               "sequence:1": "per-sequence selection, 1 block", "reskip:budget=2": "ReSkip, budget 2",
+               "reskip:budget=2:held": "ReSkip, budget 2, held", "sequence:2": "per-sequence selection, 2 blocks",
+               "static:1": "static:1 (learned shortcut)", "static:2": "static:2 (learned shortcut)"}
+# the variants' rows the table and the verdict read (their full eval is in recipe-eval/<arm>/)
+VARIANT_ROWS = ("retrofit", "reskip:budget=1", "static:1", "reskip:budget=2", "static:2")
+BASE_COMPARISONS = (("retrofit", "lora"), ("reskip:budget=1", "healed-static:1"),
+                    ("reskip:budget=1:held", "healed-static:1"), ("sequence:1", "healed-static:1"),
+                    ("sequence:2", "healed-static:2"), ("static:1", "healed-static:1"),
+                    ("reskip:budget=2", "healed-static:2"), ("static:2", "healed-static:2"),
+                    ("healed-static:1", "backbone"), ("lora", "backbone"))
+
+
+def variant_row(variant: str, key: str) -> str:
+    return f"{variant} / {key}"
+
+
+def comparisons(variants) -> list[tuple[str, str]]:
+    """The pairs whose difference the verdict reads: the recipe's against the baselines, and each variant's
+    nothing-skipped row against the LoRA and its one- and two-block rows against healed pruning."""
+    out = list(BASE_COMPARISONS)
+    for v in variants:
+        out += [(variant_row(v, "retrofit"), "lora"), (variant_row(v, "retrofit"), "retrofit")]
+        for k in (1, 2):
+            out += [(variant_row(v, f"{kind}"), f"healed-static:{k}") for kind in (f"reskip:budget={k}", f"static:{k}")]
+    return out
+
+
+def intervals(rows: dict, variants=()) -> dict:
+    """a - b of perplexity / backbone for each comparison the verdict reads, per split, with its 95% bootstrap
+    interval over sequences."""
+    out = {}
+    for a, b in comparisons(variants):
+        if a not in rows or b not in rows:  # a budget out of this model's reach
+            continue
+        for s in SPLITS:
+            back = rows["backbone"]["per_sequence"][s]
+            full, targets = np.array(back["nll"], float), np.array(back["targets"], float)
+            d = bootstrap_difference(full, np.array(rows[a]["per_sequence"][s]["nll"], float),
+                                     np.array(rows[b]["per_sequence"][s]["nll"], float), targets)
+            out[f"{a} - {b} ({s})"] = d
+    return out
+
+
+def _ci(d: dict) -> str:
+    return f"{d['mean']:+.4f} [{d['lo']:+.4f}, {d['hi']:+.4f}]"
+
+
+def claims(r: dict) -> list[dict]:
+    iv = r["intervals"]
+    out = []
+    subjects = [("retrofit", "the side-channel")] + [(variant_row(v, "retrofit"), v) for v in r.get("variants", [])]
+    for key, label in subjects:
+        for s in SPLITS:
+            d = iv[f"{key} - lora ({s})"]
+            out.append(claim(f"nothing skipped, {label} beats a parameter-matched LoRA beyond the interval ({s})",
+                             f"{key} - lora = {_ci(d)}", d["hi"] < 0))
+    for k in (1, 2):
+        skipping = [(f"reskip:budget={k}", "ReSkip"), (f"sequence:{k}", "per-sequence selection")]
+        skipping += [(variant_row(v, f"reskip:budget={k}"), f"{v}, ReSkip") for v in r.get("variants", [])]
+        for key, label in skipping:
+            for s in SPLITS:
+                d = iv.get(f"{key} - healed-static:{k} ({s})")
+                text = f"at {k} block(s) per step {label} beats LoRA-healed static pruning beyond the interval ({s})"
+                if d is None:
+                    out.append(claim(text, f"no {key} on this model", None))
+                    continue
+                skips = r["rows"][key]["blocks_skipped"][s]
+                out.append(claim(text, f"{label} - healed = {_ci(d)} ({label} skips {skips:.2f} blocks per step)",
+                                 d["hi"] < 0))
+    return out
+
+
+def _labels(variants) -> dict:
+    names = {"backbone": "backbone", **RECIPE_ROWS}
+    for v in variants:
+        names.update({variant_row(v, k): f"{v}: {RECIPE_ROWS[k]}" for k in VARIANT_ROWS})
+    return {**names, "lora": "LoRA", "pruned:1": "pruned:1 (no healing)", "healed-static:1": "healed-static:1",
+            "pruned:2": "pruned:2 (no healing)", "healed-static:2": "healed-static:2"}
+
+
+def _method_of(key: str) -> str:
+    """The sweep method whose arm a row comes from."""
+    if " / " in key:
+        return key.split(" / ")[0]
+    return "recipe" if key in RECIPE_ROWS else key
+
+
+def _main_table(r: dict) -> list[str]:
+    rows, sweep = r["rows"], r["sweep"]
+    chosen = {m: sweep[n] for m, n in r["chosen"].items()}
+    main = ["| method | blocks skipped / step (test, kjv) | layer FLOPs executed | trainable params | lr | "
+            "val ppl / backbone | test ppl / backbone | kjv ppl / backbone | training wall (min) |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for key, label in _labels(r.get("variants", [])).items():
+        if key not in rows:
+            continue
+        row, m = rows[key], chosen.get(_method_of(key))
+        skipping = key.split(" / ")[-1].startswith(("reskip", "static", "sequence"))
+        val = "-" if m is None or skipping else f"{m['val_ppl'] / m['val_ppl_backbone']:.4f}"
+        if key == "backbone":
+            val = "1.0000"
+        main.append(f"| {label} | {row['blocks_skipped']['test']:.2f}, {row['blocks_skipped']['kjv']:.2f} "
+                    f"| {row['flops_executed_share']['test']:.3f} | {'-' if m is None else format(m['params'], ',')} "
+                    f"| {'-' if m is None else format(m['lr'], 'g')} | {val} | {row['ppl_ratio']['test']:.4f} "
+                    f"| {row['ppl_ratio']['kjv']:.4f} | {'-' if m is None else format(m['train_wall_s'] / 60, '.1f')} |")
+    return main
+
+
+def tables(r: dict) -> dict:
+    sweep = r["sweep"]
+    sw = ["| arm | lr | trainable params | final val ppl | val ppl / backbone | training wall (min) |",
+          "| --- | --- | --- | --- | --- | --- |"]
+    sw += [f"| {n}{' (chosen)' if n in r['chosen'].values() else ''} | {a['lr']:g} | {a['params']:,} | "
+           f"{a['val_ppl']:.3f} | {a['val_ppl'] / a['val_ppl_backbone']:.4f} | {a['train_wall_s'] / 60:.1f} |"
+           for n, a in sweep.items()]
+    iv = ["| difference (ppl / backbone) | 95% interval over sequences |", "| --- | --- |"]
+    iv += [f"| {k} | {_ci(d)} |" for k, d in r["intervals"].items()]
+    bb = r["backbone_blocks"]
+    blocks = ["| block | layers | A(n) on the backbone | cos(in, out) |", "| --- | --- | --- | --- |"]
+    blocks += [f"| {n} | {layers[0]}-{layers[-1]} | {bb['A'][str(n)]:.3f} | {bb['cos_in_out'][str(n)]:.4f} |"
+               for n, layers in enumerate(bb["blocks"], start=1)]
+    for k in ("1", "2"):
+        blocks.append(f"| drop {k} | by A(n): blocks {bb['dropped'][k]} | by influence (ShortGPT): blocks "
+                      f"{bb['influence_would_drop'][k]} | |")
+    spent = ["| split | method | blocks skipped / step there | ppl / backbone | static at those skips | "
+             "method - static [95% CI] |", "| --- | --- | --- | --- | --- | --- |"]
+    spent += [f"| {sp} | {x['method']} | {x['skipped']:.2f} | {x['ppl_ratio']:.4f} | "
+              f"{'-' if x['static_ppl_ratio'] is None else format(x['static_ppl_ratio'], '.4f')} ({x['static']}) | "
+              f"{_ci(x['minus_static']) if 'minus_static' in x else '-'} |"
+              for sp in SPLITS for x in r["at_spent_compute"][sp]]
+    return {"Every method at 0, 1 and 2 blocks per step (perplexity / the backbone's)": _main_table(r),
+            "At the compute each input-dependent method spends (static matched on that split)": spent,
+            "The learning-rate sweep (chosen on validation)": sw,
+            "Differences the verdict reads": iv,
+            "The backbone's blocks (calibration split): what static pruning drops": blocks}
+
+
+def verdict(r: dict) -> str:
+    iv = r["intervals"]
+
+    def said(subject: str, a: str, b: str, other: str) -> str:
+        parts = []
+        for s in SPLITS:
+            d = iv.get(f"{a} - {b} ({s})")
+            if d is None:
+                return f"{subject}: {a} not measured on this model."
+            how = "beats" if d["hi"] < 0 else "loses to" if d["lo"] > 0 else "is not separated from"
+            parts.append(f"{how} {other} on {s} ({_ci(d)})")
+        return f"{subject}, {a} " + " and ".join(parts) + "."
+
+    variants = r.get("variants", [])
+    return " ".join(["Differences of perplexity / backbone with 95% intervals.",
+                     said("Nothing skipped", "retrofit", "lora", "a LoRA of the same trainable parameters"),
+                     *(said("Nothing skipped", variant_row(v, "retrofit"), "lora", "the LoRA") for v in variants),
+                     *(said(f"At {w} per step", m, f"healed-static:{k}", "LoRA-healed static pruning")
+                       for k, w in ((1, "one block"), (2, "two blocks"))
+                       for m in (f"reskip:budget={k}", f"sequence:{k}",
+                                 *(variant_row(v, f"reskip:budget={k}") for v in variants)))])
