@@ -97,6 +97,24 @@ def test_corrupt_config_gives_clear_error(tmp_path):
         load_adapter(tiny_model("llama"), path)
 
 
+@pytest.mark.parametrize("mutate,said", [
+    (lambda d: [d], "top level is a list"),
+    (lambda d: {**d, "seed": "abc"}, "seed 'abc'"),
+    (lambda d: {**d, "seed": 2**64}, "seed"),
+    (lambda d: {**d, "curriculum": "x"}, "curriculum"),
+    (lambda d: {**d, "retrofit": [1, 2]}, "must be objects"),
+    (lambda d: {**d, "backbone": []}, "must be objects"),
+    (lambda d: {**d, "retrofit": {**d["retrofit"], "inner_lora": -3}}, "inner_lora"),
+])
+def test_adapter_config_fields_are_checked_on_read(tmp_path, mutate, said):
+    path, _ = trained_adapter(tmp_path)
+    data = json.loads((path / CONFIG_NAME).read_text())
+    (path / CONFIG_NAME).write_text(json.dumps(mutate(data)))
+    with pytest.raises(AdapterError, match="corrupt or incomplete") as e:
+        load_adapter(tiny_model("llama"), path)
+    assert said in str(e.value)
+
+
 def test_mismatched_tensors_give_clear_error(tmp_path):
     path, _ = trained_adapter(tmp_path)
     cfg = json.loads((path / CONFIG_NAME).read_text())

@@ -85,6 +85,9 @@ BAD = [
     (["calibrate", "--adapter", "{files}/bad-config"], "is not valid YAML at line"),
     (["report", "{files}/cut-summary", "--out", "{tmp}/r"], "is not valid JSON"),
     (["report", "{files}/bad-log", "--out", "{tmp}/r"], "train_log.jsonl:2 is not valid JSON"),
+    (["report", "{files}/empty-record", "--out", "{tmp}/r"], "record 2 has kind 'None'"),
+    (["train", "--resume", "{files}/empty-record"], "record 2 has kind 'None'"),
+    (["run", "--resume", "{files}/bad-pipeline"], "finished must be a list"),
     (["report", "{files}/latin1-log", "--out", "{tmp}/r"], "is not UTF-8 text"),
     (["train", "--resume", "{files}/bad-config"], "is not valid YAML at line"),
     (["train", "--rank", "100000", "--seq-len", "16", "--block-size", "2", "--model", "{model}", "--out", "{tmp}/t"], "exceeds the model's hidden size"),
@@ -159,7 +162,7 @@ def bad_files(tmp_path_factory, trained_run):
     assert main(["calibrate", "--adapter", str(trained_run), "--sequences", "4", "--delta", "100", "--budgets", "none",
                  "--out", str(d / "policy.json")]) == 0
     policy = (d / "policy.json").read_text()
-    for name in ("cut-policy", "string-tau", "bad-config", "cut-summary", "bad-log", "latin1-log"):
+    for name in ("cut-policy", "string-tau", "bad-config", "cut-summary", "bad-log", "latin1-log", "empty-record"):
         shutil.copytree(trained_run, d / name)
         (d / name / "policy.json").write_text(policy)
     (d / "cut-policy" / "policy.json").write_text(policy[:120])
@@ -171,6 +174,9 @@ def bad_files(tmp_path_factory, trained_run):
     (d / "cut-summary" / "summary.json").write_text(summary[: len(summary) // 2])
     lines = (d / "bad-log" / "train_log.jsonl").read_text().splitlines()
     (d / "bad-log" / "train_log.jsonl").write_text("\n".join([lines[0], lines[1][:20], *lines[2:]]) + "\n")
+    (d / "empty-record" / "train_log.jsonl").write_text("\n".join([lines[0], "{}", *lines[2:]]) + "\n")
+    (d / "bad-pipeline").mkdir()
+    (d / "bad-pipeline" / "pipeline.json").write_text('{"stages": 5}')
     (d / "latin1-log" / "train_log.jsonl").write_bytes((d / "latin1-log" / "train_log.jsonl").read_bytes() + b"\xe9\n")
     return d
 

@@ -519,3 +519,15 @@ def test_a_finished_run_whose_last_line_was_cut_resumes_to_its_real_end(tiny_run
     again = train(tiny_run(), run, resume=True, show_progress=False)
     assert again["ppl_full"]["end"] == pytest.approx(done["ppl_full"]["end"], rel=1e-6)
     assert again["ppl_full"]["end"] != again["ppl_full"]["start"]
+
+
+@pytest.mark.parametrize("line,said", [("{}", "kind 'None'"), ("[1, 2]", "not a JSON object"),
+                                       ('{"kind": "eval", "step": 2}', "ppl_full"),
+                                       ('{"kind": "train", "step": -1, "loss": 1}', "step '-1'")])
+def test_a_log_record_the_readers_cannot_use_is_refused_by_line(tmp_path, line, said):
+    from reskip.train.log import read_log
+
+    log = tmp_path / "train_log.jsonl"
+    log.write_text('{"kind": "train", "step": 1, "loss": 2.0}\n' + line + '\n{"kind": "train", "step": 2, "loss": 1.0}\n')
+    with pytest.raises(ReskipError, match=f"record 2 .*{said}"):
+        read_log(log)

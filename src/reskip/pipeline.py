@@ -109,7 +109,29 @@ class PipelineConfig:
 
 
 def _state(run: RunFolder) -> dict:
-    return read_json(run.pipeline) if run.pipeline.is_file() else {"finished": [], "timings": {}}
+    """pipeline.json, its fields checked (a list of finished stages, a table of timings, the settings a resume
+    reads), or a fresh state."""
+    if not run.pipeline.is_file():
+        return {"finished": [], "timings": {}}
+    state = read_json(run.pipeline)
+
+    def need(cond: bool, what: str) -> None:
+        if not cond:
+            raise ReskipError(f"{run.pipeline}: {what}; it is corrupt: restore it, or start the run anew in another "
+                              "--out")
+
+    need(isinstance(state, dict), "the top level is not an object")
+    need(isinstance(state.get("finished"), list) and all(s in STAGES for s in state["finished"]),
+         f"finished must be a list of stages among {', '.join(STAGES)}")
+    need(isinstance(state.get("timings", {}), dict), "timings must be an object")
+    for key in ("preset", "data", "delta"):
+        need(key in state, f"it has no {key!r}")
+    need(state["preset"] in PRESETS, f"preset {str(state['preset'])[:40]!r} is not one of {', '.join(PRESETS)}")
+    need(isinstance(state["data"], list) and all(isinstance(d, str) for d in state["data"]), "data must be a list of specs")
+    need(state.get("model") is None or isinstance(state["model"], str), "model must be a name, a path or null")
+    need(isinstance(state.get("overrides", {}), dict), "overrides must be an object")
+    need(isinstance(state["delta"], (int, float)) and not isinstance(state["delta"], bool), "delta must be a number")
+    return state
 
 
 def config_of(state: dict) -> PipelineConfig:

@@ -119,11 +119,20 @@ def read_adapter_config(path) -> dict:
         )
     try:
         cfg = json.loads(cfg_path.read_text())
+        if not isinstance(cfg, dict):
+            raise TypeError(f"its top level is a {type(cfg).__name__}, not an object")
         version = cfg.get("format_version")
         if version not in READABLE_VERSIONS:
             raise AdapterError(f"{cfg_path} has format_version {version!r}; this reskip reads {list(READABLE_VERSIONS)}")
+        if not isinstance(cfg["retrofit"], dict) or not isinstance(cfg["backbone"], dict):
+            raise TypeError("retrofit and backbone must be objects")
         RetrofitConfig.from_dict(cfg["retrofit"])
         cfg["backbone"]["family"]
+        seed, c = cfg.get("seed", 0), cfg.get("curriculum", 1.0)
+        if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
+            raise ValueError(f"seed {str(seed)[:40]!r} is not a whole number in [0, 2^63)")
+        if not isinstance(c, (int, float)) or isinstance(c, bool) or not 0.0 <= c <= 1.0:
+            raise ValueError(f"curriculum {str(c)[:40]!r} is not a number in [0, 1]")
         if version == 1 and "blocks" in cfg:  # [start, stop) -> [first, last]
             cfg["blocks"] = [[start, stop - 1] for start, stop in cfg["blocks"]]
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:

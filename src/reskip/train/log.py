@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..errors import ReskipError
 from ..io_atomic import atomic_write_text
 from ..reading import read_jsonl
 
@@ -19,19 +20,47 @@ def append_record(path: Path, record: dict) -> None:
         f.write(json.dumps(record) + "\n")
 
 
+# What every record holds, by kind: the fields the summary, resume and the report read (numbers, finite)
+REQUIRED = {"train": ("loss",), "eval": ("ppl_full", "ppl_backbone")}
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x and abs(x) != float("inf")
+
+
+def check_record(record, path: Path, n: int) -> dict:
+    """A record of the log as the readers need it (its kind, its step, its kind's numbers), or one error naming
+    the file and the record."""
+    def bad(what: str) -> ReskipError:
+        return ReskipError(f"{path}: record {n} {what}: the log is corrupt; restore it, or train the run anew")
+
+    if not isinstance(record, dict):
+        raise bad(f"is not a JSON object ({type(record).__name__})")
+    if record.get("kind") not in REQUIRED:
+        raise bad(f"has kind {str(record.get('kind'))[:40]!r}, not one of {', '.join(REQUIRED)}")
+    step = record.get("step")
+    if not (isinstance(step, int) and not isinstance(step, bool) and step >= 0):
+        raise bad(f"has step {str(step)[:40]!r}, not a whole number >= 0")
+    for key in REQUIRED[record["kind"]]:
+        if not _number(record.get(key)):
+            raise bad(f"({record['kind']}) has {key} {str(record.get(key))[:40]!r}, not a finite number")
+    return record
+
+
 def truncate_after(path: Path, step: int) -> None:
     """On resume, drop records after the checkpoint's step so the log reads as one run."""
     if path.exists():
-        keep = [r for r in read_jsonl(path) if r["step"] <= step]  # a last record cut short is dropped too
+        keep = [r for r in read_log(path) if r["step"] <= step]  # a last record cut short is dropped too
         atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in keep))
 
 
 def read_log(path: Path) -> list[dict] | None:
-    """Every record of the log, or None when there is no log."""
+    """Every record of the log, each checked (`check_record`), or None when there is no log."""
     path = Path(path)
     if not path.is_file():
         return None
-    return read_jsonl(path)  # a last record cut short by a stopped process is left out
+    # a last record cut short by a stopped process is left out
+    return [check_record(r, path, n) for n, r in enumerate(read_jsonl(path), 1)]
 
 
 def records(log: list[dict] | None, kind: str) -> list[dict]:

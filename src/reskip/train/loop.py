@@ -32,7 +32,7 @@ from ..run_lock import writing
 from ..runs import RunFolder
 from .checkpoint import CHECKPOINT_NAME, latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import TrainConfig
-from .log import append_record, last_eval, summarize, truncate_after
+from .log import append_record, last_eval, read_log, summarize, truncate_after
 from .objective import RetrofitObjective
 from .schedules import curriculum, drawn_blocks, learning_rate, skipped_positions
 from .trackers import TRACKER_RUN, hyperparameters, scalars
@@ -169,6 +169,7 @@ def check_identity(cfg: TrainConfig, files: RunFolder, resume: bool, overwrite: 
         if latest_checkpoint(files.root) is None:
             raise ReskipError(f"{files.root} has no checkpoint to resume from (it stopped before its first): start "
                               "it again with the same flags and --overwrite")
+        read_log(files.train_log)  # a corrupt log is refused now, before any weights load
         return
     held = [getattr(files, name) for name in TRAINING_FILES if getattr(files, name).exists()]
     if held and not overwrite:
