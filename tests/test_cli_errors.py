@@ -291,3 +291,11 @@ def test_config_numbers_are_read_as_yaml_1_2():
 
     assert load_yaml("a: 010\nb: -3\nc: 1e-3\nd: 0x10\ne: 0o10\nf: 1:30") == {
         "a": 10, "b": -3, "c": 0.001, "d": "0x10", "e": "0o10", "f": "1:30"}
+
+
+def test_an_error_quoting_a_huge_value_prints_a_bounded_line(tmp_path, capsys):
+    config = tmp_path / "big.yaml"
+    config.write_text("lr: [" + ", ".join(["1"] * 50_000) + "]\n")
+    assert main(["train", "--config", str(config), "--out", str(tmp_path / "t")]) == 2
+    err = capsys.readouterr().err
+    assert len(err) < 1200 and "more characters" in err and err.count("\n") == 1

@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
         check_out(args)
         return args.func(args)
     except ReskipError as e:
-        print(f"reskip: error: {e}", file=sys.stderr)
+        print(f"reskip: error: {bounded(str(e))}", file=sys.stderr)
         return 2
     except OSError as e:  # a full disk, a read-only folder, a path through a file: one line naming the path
         where = f" ({e.filename})" if e.filename else ""
@@ -39,6 +39,15 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("reskip: interrupted; a training run resumes from its last checkpoint with --resume", file=sys.stderr)
         return 130
+
+
+MESSAGE_LIMIT = 1000  # characters of an error message printed: one that quotes a huge value stays readable
+
+
+def bounded(message: str) -> str:
+    if len(message) <= MESSAGE_LIMIT:
+        return message
+    return f"{message[:MESSAGE_LIMIT]}... ({len(message) - MESSAGE_LIMIT:,} more characters)"
 
 
 FILE_OUTS = ("calibrate", "diagnose")  # commands whose --out is a file; every other --out is a folder
