@@ -86,6 +86,10 @@ BAD = [
     (["report", "{files}/cut-summary", "--out", "{tmp}/r"], "is not valid JSON"),
     (["report", "{files}/bad-log", "--out", "{tmp}/r"], "train_log.jsonl:2 is not valid JSON"),
     (["report", "{files}/empty-record", "--out", "{tmp}/r"], "record 2 has kind 'None'"),
+    (["report", "{files}/bad-pipeline"], "holds no stage's files"),
+    (["train", "--skip-max-blocks", "50", "--out", "{tmp}/t"], "exceeds the"),
+    (["run-parity", "--boundaries", "8,100", "--out", "{tmp}/p"], "inside 1..29"),
+    (["run", "--data", "{files}/empty.jsonl", "--out", "{tmp}/r"], "the data set is empty"),
     (["train", "--resume", "{files}/empty-record"], "record 2 has kind 'None'"),
     (["run", "--resume", "{files}/bad-pipeline"], "finished must be a list"),
     (["report", "{files}/latin1-log", "--out", "{tmp}/r"], "is not UTF-8 text"),
@@ -175,6 +179,7 @@ def bad_files(tmp_path_factory, trained_run):
     lines = (d / "bad-log" / "train_log.jsonl").read_text().splitlines()
     (d / "bad-log" / "train_log.jsonl").write_text("\n".join([lines[0], lines[1][:20], *lines[2:]]) + "\n")
     (d / "empty-record" / "train_log.jsonl").write_text("\n".join([lines[0], "{}", *lines[2:]]) + "\n")
+    (d / "empty.jsonl").write_text("")
     (d / "bad-pipeline").mkdir()
     (d / "bad-pipeline" / "pipeline.json").write_text('{"stages": 5}')
     (d / "latin1-log" / "train_log.jsonl").write_bytes((d / "latin1-log" / "train_log.jsonl").read_bytes() + b"\xe9\n")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from .backbones.dtypes import describe, resolve_dtype_name
 from .backbones.parity_stage import parity_stage
+from .data.sources import load_splits
 from .reading import read_json
 from .memory import peak_rss_gib
 from .report.diagnose import diagnose
@@ -158,6 +159,9 @@ def _run_stages(run: RunFolder, config: PipelineConfig | None, resume: bool) -> 
         config = config_of(state)  # the run's own settings, whatever was passed
     config = config or PipelineConfig()
     config.check()  # bad values fail here, before any stage runs
+    if not resume:  # so do data that give no documents and settings the backbone's config rules out
+        load_splits(config.data)
+        check_against_backbone(config.train_config())
     print(f"[dtype] {describe(config.dtype)}", flush=True)
     config = dataclasses.replace(config, dtype=resolve_dtype_name(config.dtype))
     run.root.mkdir(parents=True, exist_ok=True)

@@ -9,18 +9,28 @@ import torch
 
 from ..io_atomic import atomic_write_json
 from ..runs import RunFolder
-from ..ar_retrofit.config import RetrofitConfig
+from ..ar_retrofit.blocks import retrofit_blocks
+from ..ar_retrofit.config import RetrofitConfig, check_rank
 from ..ar_retrofit.parity import check_parity, tokenize_batch
 from .accounting import count_params
 from .dtypes import resolve_dtype
-from .loading import DEFAULT_BACKBONE, load_backbone
+from .loading import DEFAULT_BACKBONE, load_backbone, load_config
 
 PARITY_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def check_against_config(model_name: str | None, config: RetrofitConfig, trust_remote_code: bool = False) -> None:
+    """The retrofit's blocks and ranks against the backbone's own config (no weights): a boundary past the
+    last layer or a rank above the hidden size is refused here."""
+    model_config = load_config(model_name, trust_remote_code)
+    retrofit_blocks(model_config.num_hidden_layers, config.block_size, config.boundaries)
+    check_rank(config, model_config.hidden_size)
 
 
 def parity_of(model_name: str | None, dtype_name: str, config: RetrofitConfig, trust_remote_code: bool = False):
     """Step-zero parity of the named backbone in one dtype ('auto' resolved as `dtypes.resolve_dtype`):
     (check_parity's dict, the loaded backbone)."""
+    check_against_config(model_name, config, trust_remote_code)  # before any weights load
     model, tokenizer = load_backbone(model_name, resolve_dtype(dtype_name), trust_remote_code)
     return check_parity(model, tokenize_batch(tokenizer), config), model
 
@@ -31,6 +41,7 @@ def parity_stage(run_dir: Path, model_name: str | None, config: RetrofitConfig,
 
     Exact parity is `all(r["equal"] for r in result["parity"])`; the caller decides what a failure means."""
     name = model_name or DEFAULT_BACKBONE
+    check_against_config(model_name, config, trust_remote_code)
     result = {"model": name, "parity": []}
     for dtype_name in PARITY_DTYPES:
         print(f"[parity] {name} {dtype_name} ...", flush=True)

@@ -10,6 +10,7 @@ from .common import dtype_flag
 from ..reading import read_json
 from ..report.options import DiagnoseOptions
 from ..errors import ReskipError
+from ..runs import RunFolder
 
 
 def cmd_diagnose(args) -> int:
@@ -49,6 +50,12 @@ def cmd_report(args) -> int:
     run = Path(args.run)
     if not run.is_dir():
         raise ReskipError(f"{run} is not a run folder")
+    files = RunFolder(run)
+    stage_files = (files.parity, files.train_log, files.policy, files.diagnostics, files.results)
+    if not any(p.is_file() for p in stage_files) and not files.experiments_dir.is_dir():
+        raise ReskipError(f"{run} holds no stage's files (parity.json, train_log.jsonl, policy.json, diagnostics.json, "
+                          "eval/results.json) and no experiments/: name a run folder (reskip run, train, or "
+                          "experiment --out)")
     path = build_report(run, Path(args.out) if args.out else None)
     print(f"wrote {path}")
     return 0

@@ -188,6 +188,10 @@ class TrainConfig:
             raise ReskipError(f"skip_blocks {self.skip_blocks} reach beyond the model's {n_blocks} blocks")
         if self.skip_blocks is None and n_blocks < 3:
             raise ReskipError(f"with {n_blocks} blocks there is no middle block to skip: set skip_blocks")
+        drawable = len(set(self.drawable_blocks(n_blocks)))
+        if self.skip_max_blocks > drawable:
+            raise ReskipError(f"skip_max_blocks {self.skip_max_blocks} exceeds the {drawable} blocks the skip branch "
+                              "may draw: at most that many can be dropped together")
         check_rank(self.retrofit_config(), model_config.hidden_size)
 
     def drawable_blocks(self, n_blocks: int) -> list[int]:
