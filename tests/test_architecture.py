@@ -167,7 +167,7 @@ def _fresh(code: str, env_drop=("HF_HUB_OFFLINE",)) -> str:
 
 def test_help_and_report_import_no_torch(tmp_path):
     run = tmp_path / "run"
-    run.mkdir()
+    (run / "experiments").mkdir(parents=True)  # an experiments folder, no stage yet (an empty folder is refused)
     out = _fresh(
         "import sys\nfrom reskip.cli import main\n"
         "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
