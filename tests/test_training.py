@@ -507,6 +507,7 @@ def test_overwrite_removes_a_runs_own_files_only(tiny_run, tmp_path):
         train(tiny_run(), mine, overwrite=True, show_progress=False)
     run = tmp_path / "run"
     train(tiny_run(), run, show_progress=False)
+    (run / "checkpoints" / ".step-000004.k1ll3d.tmp").mkdir()  # what a kill during a checkpoint's write leaves
     train(tiny_run(seed=3), run, overwrite=True, show_progress=False)  # its own files: replaced
 
 

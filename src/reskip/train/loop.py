@@ -8,6 +8,7 @@ function of the step and the seed, so a resumed run continues exactly.
 from __future__ import annotations
 
 import dataclasses
+import re
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -184,6 +185,8 @@ def check_identity(cfg: TrainConfig, files: RunFolder, resume: bool, overwrite: 
 
 
 OWN_ADAPTER_FILES = {ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, CARD_NAME}
+# what a process killed while writing a checkpoint leaves (`io_atomic`'s temporaries): the run's own too
+OWN_TEMPORARY = re.compile(r"\.(latest|step-\d{6})\..+\.(tmp|old)")
 
 
 def not_written_by_training(files: RunFolder) -> list[str]:
@@ -197,7 +200,8 @@ def not_written_by_training(files: RunFolder) -> list[str]:
             out.append(str(files.config))
     elif files.config.exists():
         out.append(str(files.config))
-    for folder, own in ((files.checkpoints, lambda p: p.name == "latest" or CHECKPOINT_NAME.fullmatch(p.name)),
+    for folder, own in ((files.checkpoints, lambda p: p.name == "latest" or CHECKPOINT_NAME.fullmatch(p.name)
+                         or OWN_TEMPORARY.fullmatch(p.name)),
                         (files.adapter, lambda p: p.name in OWN_ADAPTER_FILES)):
         if folder.is_dir():
             out += [str(p) for p in sorted(folder.iterdir()) if not own(p)]
