@@ -225,3 +225,13 @@ def test_the_chunked_head_ce_is_ce_of_the_logits_with_its_gradient(family):
     (gb,) = torch.autograd.grad(b, h)
     assert a.item() == pytest.approx(b.item(), rel=1e-5)
     assert torch.allclose(ga, gb, atol=1e-6)
+
+
+def test_the_variants_a_run_includes():
+    from reskip.errors import ReskipError
+    from reskip.experiments.baselines import _variants
+
+    assert _variants(None) == () and _variants([]) == ("side+lora", "full-teacher")
+    assert _variants(["full-teacher"]) == ("full-teacher",)
+    with pytest.raises(ReskipError, match="no variant 'x'"):
+        _variants(["x"])

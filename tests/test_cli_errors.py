@@ -66,6 +66,7 @@ BAD = [
     (["generate", "caf\udce9", "--adapter", MISSING], "not valid UTF-8"),
     (["generate", " ", "--adapter", MISSING], "the prompt is empty"),
     (["experiment", "scale", "--arms", "huge", "--out", "{tmp}/e"], "no arm 'huge'"),
+    (["experiment", "baselines", "--variants", "nope", "--out", "{tmp}/e"], "no variant 'nope'"),
     (["diagnose", MISSING, "--probe-sequences", "-1"], "--probe-sequences"),
     (["params", "--backbone", "Qwen3-4B", "--rank", "1000000000"], "exceeds the model's hidden size"),
     (["train", "--config", "{files}/latin1.yaml", "--out", "{tmp}/t"], "is not UTF-8 text"),

@@ -66,8 +66,8 @@ def register(sub) -> None:
     p.add_argument("--lrs", nargs="+", type=float, default=None, metavar="LR",
                    help="baselines: the learning rates every method is trained at, the best on validation kept "
                         "(default: 0.5, 1 and 2 x the recipe's)")
-    p.add_argument("--variants", action="store_true",
-                   help="baselines: also the recipe's variants at the same total trainable parameters: side+lora (the "
+    p.add_argument("--variants", nargs="*", default=None, metavar="VARIANT",
+                   help="baselines: also these of the recipe's variants (none named: both) at the same total trainable parameters: side+lora (the "
                         "side-channel at half its rank and a LoRA inside the blocks) and full-teacher (the skip "
                         "branch distilled toward the full path)")
     p.add_argument("--dtype-bytes", type=int, default=2, help="placement: bytes per state value (default 2, bf16)")

@@ -65,7 +65,7 @@ COSTS_FILE = "backbone_blocks.json"
 def run(options: ExperimentOptions, folder: Path, show=print) -> dict | None:
     if options.lrs is not None and not all(math.isfinite(lr) and lr > 0 for lr in options.lrs):
         raise ReskipError(f"--lrs: every learning rate must be a finite number > 0, got {options.lrs}")
-    methods = METHODS + (VARIANTS if options.variants else ())
+    methods = METHODS + _variants(options.variants)
     chosen = _chosen_arms(options.arms, methods)
     pc = PipelineConfig(options.preset, options.model, list(options.data), {**options.overrides, "seed": options.seed},
                         dtype=options.dtype)
@@ -114,6 +114,16 @@ def arm_name(method: str, lr: float) -> str:
 def arm_slug(name: str) -> str:
     """An arm's folder name: its name with ':' (not allowed in file names everywhere) as '-'."""
     return name.replace(":", "-")
+
+
+def _variants(asked: list[str] | None) -> tuple[str, ...]:
+    """The variants a run includes: none (None), every one ([]), or those named, in their table's order."""
+    if asked is None:
+        return ()
+    unknown = [v for v in asked if v not in VARIANTS]
+    if unknown:
+        raise ReskipError(f"--variants: no variant {', '.join(map(repr, unknown))}; the variants: {', '.join(VARIANTS)}")
+    return tuple(v for v in VARIANTS if not asked or v in asked)
 
 
 def _chosen_arms(arms: list[str] | None, methods: tuple[str, ...]) -> set[str]:

@@ -21,7 +21,8 @@ class ExperimentOptions:
     budget_bytes / context / dtype_bytes: `placement`'s memory budget and the user's model's context
         (None: its max_position_embeddings, capped at 8,192) and state width in bytes.
     lrs: `baselines`' learning-rate sweep, the same for every method (None: 0.5, 1 and 2 x the recipe's lr).
-    variants: `baselines` also trains and measures the recipe's variants (side+lora, full-teacher)."""
+    variants: `baselines` also trains and measures these of the recipe's variants (side+lora, full-teacher; an
+        empty list: both; None: neither)."""
 
     name: str = "variants"
     preset: str = "quick"
@@ -38,6 +39,6 @@ class ExperimentOptions:
     context: int | None = None
     dtype_bytes: int = 2
     lrs: list[float] | None = None  # baselines: the learning-rate sweep of every method (None: 0.5, 1, 2 x the recipe's)
-    variants: bool = False  # baselines: the recipe's variants beside the methods
+    variants: list[str] | None = None  # baselines: the recipe's variants beside the methods ([]: every one)
     dtype: str = "auto"  # the backbone's compute dtype in every arm (auto: bfloat16 where the hardware is fast)
     quiet: bool = False
