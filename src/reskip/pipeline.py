@@ -16,7 +16,7 @@ from pathlib import Path
 from .backbones.dtypes import describe, resolve_dtype_name
 from .backbones.parity_stage import parity_stage
 from .data.sources import load_splits
-from .reading import read_json
+from .reading import is_finite_number, read_json
 from .memory import peak_rss_gib
 from .report.diagnose import diagnose
 from .report.html import build_report
@@ -131,7 +131,7 @@ def _state(run: RunFolder) -> dict:
     need(isinstance(state["data"], list) and all(isinstance(d, str) for d in state["data"]), "data must be a list of specs")
     need(state.get("model") is None or isinstance(state["model"], str), "model must be a name, a path or null")
     need(isinstance(state.get("overrides", {}), dict), "overrides must be an object")
-    need(isinstance(state["delta"], (int, float)) and not isinstance(state["delta"], bool), "delta must be a number")
+    need(is_finite_number(state["delta"]), "delta must be a finite number")
     return state
 
 

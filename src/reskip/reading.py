@@ -10,6 +10,11 @@ from pathlib import Path
 from .errors import ReskipError
 
 
+def is_finite_number(x) -> bool:
+    """A finite JSON number (not a boolean): what a run file's numeric fields must hold."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x and abs(x) != float("inf")
+
+
 def read_text(path: Path) -> str:
     path = Path(path)
     try:

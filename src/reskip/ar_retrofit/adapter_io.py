@@ -22,6 +22,7 @@ from torch import nn
 
 from ..errors import AdapterError
 from ..io_atomic import atomic_folder
+from ..reading import is_finite_number
 from ..version import __version__
 from . import inner_lora
 from .blocks import inclusive_ranges
@@ -131,7 +132,7 @@ def read_adapter_config(path) -> dict:
         seed, c = cfg.get("seed", 0), cfg.get("curriculum", 1.0)
         if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
             raise ValueError(f"seed {str(seed)[:40]!r} is not a whole number in [0, 2^63)")
-        if not isinstance(c, (int, float)) or isinstance(c, bool) or not 0.0 <= c <= 1.0:
+        if not is_finite_number(c) or not 0.0 <= c <= 1.0:
             raise ValueError(f"curriculum {str(c)[:40]!r} is not a number in [0, 1]")
         if version == 1 and "blocks" in cfg:  # [start, stop) -> [first, last]
             cfg["blocks"] = [[start, stop - 1] for start, stop in cfg["blocks"]]

@@ -37,7 +37,7 @@ from ..reading import read_json, read_yaml
 from ..run_lock import writing
 from ..runs import RunFolder
 from ..train.config import TrainConfig, load_yaml
-from ..train.log import append_record, read_log, records, truncate_after
+from ..train.log import append_record, last_eval, read_log, records, truncate_after
 from ..train.checkpoint import latest_checkpoint
 from ..train.loop import check_against_backbone, prepare_data
 from ..train.schedules import learning_rate
@@ -134,8 +134,8 @@ def _train(cfg: TrainConfig, arm: LoraArm, files: RunFolder, splits, text: str, 
         if run.step % cfg.save_every == 0 or run.step == cfg.steps:
             _save_checkpoint(run)
     bar.close()
-    evals = records(read_log(files.train_log) or [], "eval")
-    if not evals or evals[-1]["step"] != cfg.steps:  # resumed at its end with the last validation's line lost
+    last = last_eval(files.train_log)
+    if last is None or last["step"] != cfg.steps:  # resumed at its end with the last validation's line lost
         _validate(run)
     return _finish(run, time.time() - t0)
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import ReskipError
 from ..io_atomic import atomic_write_json
-from ..reading import read_json
+from ..reading import is_finite_number, read_json
 from ..ar_retrofit.adapter_io import fingerprint
 from ..ar_retrofit.model import ReskipModel
 from .policies import HeldReSkip, NoSkip, RandomSkip, ReSkip, SequenceSkip, SkipPolicy, StaticSkip
@@ -40,11 +40,6 @@ def forward_config(model: ReskipModel) -> dict:
     under one of them does not hold under another (editing `variant` in adapter_config.json must not pass)."""
     return {"blocks": [[b.start, b[-1]] for b in model.blocks], "activation": model.config.activation,
             "skip_path": model.config.skip_path, "variant": model.config.variant}
-
-
-def _number(x) -> bool:
-    """A finite JSON number (not a boolean)."""
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x and abs(x) != float("inf")
 
 
 def _integer(x) -> bool:
@@ -86,8 +81,8 @@ class PolicyFile:
         need(d["format_version"] == FORMAT_VERSION, f"format_version must be {FORMAT_VERSION}")
         need(_integer(d["window"]) and d["window"] >= 1, f"window must be an integer >= 1, got {d['window']!r}")
         need(_integer(d["max_skips"]) and d["max_skips"] >= 0, f"max_skips must be >= 0, got {d['max_skips']!r}")
-        need(_number(d["quantile"]) and 0.0 <= d["quantile"] <= 1.0, f"quantile must lie in [0, 1], got {d['quantile']!r}")
-        need(_number(d["delta"]) and d["delta"] >= 0, f"delta must be a finite number >= 0, got {d['delta']!r}")
+        need(is_finite_number(d["quantile"]) and 0.0 <= d["quantile"] <= 1.0, f"quantile must lie in [0, 1], got {d['quantile']!r}")
+        need(is_finite_number(d["delta"]) and d["delta"] >= 0, f"delta must be a finite number >= 0, got {d['delta']!r}")
         need(isinstance(d["blocks"], list) and d["blocks"], "blocks must be a non-empty list")
         seen = set()
         for b in d["blocks"]:
@@ -96,33 +91,33 @@ class PolicyFile:
                 need(key in b, f"block entry {b.get('block', '?')} is missing {key!r}")
             n = b["block"]
             need(_integer(n) and n >= 1, f"block index {n!r} must be an integer >= 1")
-            need(_number(b["A"]) and b["A"] > 0, f"A of block {n} must be a finite number > 0, got {b['A']!r}")
+            need(is_finite_number(b["A"]) and b["A"] > 0, f"A of block {n} must be a finite number > 0, got {b['A']!r}")
             need(isinstance(b["eligible"], bool), f"eligible of block {n} must be true or false, got {b['eligible']!r}")
             need(n not in seen, f"block {n} appears twice")
             seen.add(n)
             if n_blocks is not None:
                 need(n <= n_blocks, f"block {n} is beyond this model's {n_blocks} blocks")
             if b["tau"] is not None:
-                need(_number(b["tau"]) and 0.0 <= b["tau"] <= 1.0,
+                need(is_finite_number(b["tau"]) and 0.0 <= b["tau"] <= 1.0,
                      f"tau of block {n} must lie in [0, 1] (a routing weight), got {b['tau']!r}")
             need(not (b["eligible"] and b["tau"] is None), f"block {n} is eligible but has no threshold")
             grid = b.get("w_recent_quantiles")
             if grid is not None:
-                need(isinstance(grid, list) and all(_number(g) and 0.0 <= g <= 1.0 for g in grid)
+                need(isinstance(grid, list) and all(is_finite_number(g) and 0.0 <= g <= 1.0 for g in grid)
                      and all(a <= c for a, c in zip(grid, grid[1:])),
                      f"w_recent_quantiles of block {n} must be an ascending list of numbers in [0, 1]")
         budgets = d.get("budgets", {})
         need(isinstance(budgets, dict) and isinstance(budgets.get("frontier", []), list),
              "budgets must be an object whose frontier is a list")
         for p in budgets.get("frontier", []):
-            need(isinstance(p, dict) and _number(p.get("budget")) and p["budget"] >= 0,
+            need(isinstance(p, dict) and is_finite_number(p.get("budget")) and p["budget"] >= 0,
                  f"frontier point {p!r:.60} needs a budget >= 0")
             need(isinstance(p.get("blocks", {}), dict), f"budget {p['budget']}: blocks must be an object")
             for n, b in p.get("blocks", {}).items():
                 need(str(n).isdigit() and int(n) in seen, f"budget {p['budget']}: block {n} is not in blocks")
-                need(isinstance(b, dict) and _number(b.get("fraction")) and 0.0 <= b["fraction"] <= 1.0,
+                need(isinstance(b, dict) and is_finite_number(b.get("fraction")) and 0.0 <= b["fraction"] <= 1.0,
                      f"budget {p['budget']}: fraction of block {n} not in [0, 1]")
-                need(b.get("tau") is None or (_number(b["tau"]) and 0.0 <= b["tau"] <= 1.0),
+                need(b.get("tau") is None or (is_finite_number(b["tau"]) and 0.0 <= b["tau"] <= 1.0),
                      f"budget {p['budget']}: tau of block {n} must lie in [0, 1] or be null (skipped at every step)")
 
     def check_model(self, model: ReskipModel) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..errors import ReskipError
 from ..io_atomic import atomic_write_text
-from ..reading import read_jsonl
+from ..reading import is_finite_number, read_jsonl
 
 
 def append_record(path: Path, record: dict) -> None:
@@ -22,10 +22,6 @@ def append_record(path: Path, record: dict) -> None:
 
 # What every record holds, by kind: the fields the summary, resume and the report read (numbers, finite)
 REQUIRED = {"train": ("loss",), "eval": ("ppl_full", "ppl_backbone")}
-
-
-def _number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x and abs(x) != float("inf")
 
 
 def check_record(record, path: Path, n: int) -> dict:
@@ -42,7 +38,7 @@ def check_record(record, path: Path, n: int) -> dict:
     if not (isinstance(step, int) and not isinstance(step, bool) and step >= 0):
         raise bad(f"has step {str(step)[:40]!r}, not a whole number >= 0")
     for key in REQUIRED[record["kind"]]:
-        if not _number(record.get(key)):
+        if not is_finite_number(record.get(key)):
             raise bad(f"({record['kind']}) has {key} {str(record.get(key))[:40]!r}, not a finite number")
     return record
 
