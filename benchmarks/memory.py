@@ -40,13 +40,13 @@ import psutil
 import torch
 
 from reskip import load_backbone, retrofit
-from reskip.backbones.accounting import architecture_config
+from reskip.backbones.architectures import architecture_config
 from reskip.backbones.dtypes import resolve_dtype_name
 from reskip.data.packing import Packed
 from reskip.evaluate.methods import Method, evaluate_methods
-from reskip.skip.calibration import calibrate
+from reskip.calibrate.calibration import calibrate
 from reskip.skip.policies import NoSkip, StaticSkip
-from reskip.train.config import TrainConfig
+from reskip.train_config import TrainConfig
 from reskip.train.objective import RetrofitObjective
 from reskip.train.validation import evaluate
 from transformers import AutoModelForCausalLM

@@ -30,7 +30,7 @@ import torch
 from transformers import DynamicCache
 
 from reskip import RetrofitConfig, retrofit
-from reskip.backbones.accounting import architecture_config
+from reskip.backbones.architectures import architecture_config
 from reskip.backbones.dtypes import resolve_dtype_name
 from reskip.backbones.loading import load_backbone
 from reskip.cli.common import Parser  # usage errors on one line, exit 2, as every reskip command

@@ -22,7 +22,7 @@ from pathlib import Path
 from reskip.backbones.dtypes import resolve_dtype_name
 from reskip.evaluate.stage import evaluate_run
 from reskip.pipeline import PipelineConfig
-from reskip.skip.stage import calibrate_run
+from reskip.calibrate.stage import calibrate_run
 
 
 def main(argv=None):

@@ -27,7 +27,7 @@ from reskip import load_backbone, retrofit
 from reskip.backbones.dtypes import resolve_dtype_name
 from reskip.data.packing import pack
 from reskip.data.sources import load_splits
-from reskip.train.config import TrainConfig
+from reskip.train_config import TrainConfig
 from reskip.train.objective import RetrofitObjective
 
 

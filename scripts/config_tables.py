@@ -9,7 +9,7 @@ from pathlib import Path
 
 from reskip.ar_retrofit.config import RetrofitConfig
 from reskip.config_fields import markdown_table
-from reskip.train.config import TrainConfig
+from reskip.train_config import TrainConfig
 
 GUIDE = Path(__file__).resolve().parent.parent / "docs" / "guide.md"
 TABLES = {"train-keys": lambda: markdown_table(TrainConfig, skip=("retrofit",)),

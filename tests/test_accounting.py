@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from reskip.backbones.accounting import architecture_config, count_params, shipped_architectures
+from reskip.ar_retrofit.accounting import count_params
+from reskip.backbones.architectures import architecture_config, shipped_architectures
 from reskip.cli import main
 from reskip.ar_retrofit.config import RetrofitConfig
 from reskip.ar_retrofit.side_channel import count_side_channel_params

@@ -20,15 +20,17 @@ STAGES = {
     "reskip.version": 0, "reskip.runs": 0, "reskip.memory": 0, "reskip.fusion": 0, "reskip.progress": 0,
     "reskip.config_fields": 0, "reskip.reading": 0, "reskip.run_lock": 0, "reskip.lora_ranks": 0,
     "reskip.ar_retrofit": 1,
-    "reskip.backbones": 2,
-    "reskip.data": 3,
+    "reskip.backbones": 2, "reskip.train_config": 2,
+    "reskip.data": 3, "reskip.parity_stage": 3,
     "reskip.train": 4,
     "reskip.skip": 5,
-    "reskip.evaluate": 6, "reskip.baselines": 6,
-    "reskip.report": 7,
-    "reskip.pipeline": 8, "reskip.experiments": 8, "reskip.lab": 8,
-    "reskip.cli": 9,
-    "reskip": 10,  # the package root re-exports public names (lazily)
+    "reskip.analysis": 6,
+    "reskip.calibrate": 7,
+    "reskip.evaluate": 8, "reskip.baselines": 8,
+    "reskip.report": 9,
+    "reskip.pipeline": 10, "reskip.experiments": 10, "reskip.lab": 10,
+    "reskip.cli": 11,
+    "reskip": 12,  # the package root re-exports public names (lazily)
 }
 
 
@@ -101,6 +103,27 @@ def test_nothing_imports_the_cli():
     bad = [f"{name}:{line}" for name, path in all_modules().items() if not name.startswith("reskip.cli")
            for target, line, _ in imports_of(path) if target.startswith("reskip.cli")]
     assert not bad
+
+
+# Rooms that keep to one trade: what each may import from the package besides stage-0 modules and itself.
+ROOMS = {
+    "reskip.skip": ("reskip.ar_retrofit", "reskip.backbones", "reskip.train_config"),  # the inference path: no training
+    "reskip.backbones": (),  # loading only
+}
+
+
+def test_rooms_keep_to_their_trade():
+    bad = []
+    for name, path in all_modules().items():
+        room = next((r for r in ROOMS if name == r or name.startswith(r + ".")), None)
+        if room is None:
+            continue
+        allowed = (room, *ROOMS[room])
+        for target, line, _ in imports_of(path):
+            inside = any(target == a or target.startswith(a + ".") for a in allowed)
+            if not inside and stage_of(target) > 0:
+                bad.append(f"{name}:{line} imports {target}")
+    assert not bad, "\n".join(bad)
 
 
 def test_no_import_cycles():
@@ -197,3 +220,11 @@ def test_public_names_of_the_readme_resolve():
     assert issubclass(UnsupportedModelError, ReskipError) and ReskipModel and ReskipOutput and RetrofitConfig
     with pytest.raises(AttributeError):
         reskip.no_such_name  # noqa: B018
+
+
+def test_the_front_door_holds_the_reskip_half_and_loads_lazily():
+    assert _fresh("import sys, reskip; print('torch' in sys.modules)") == "False"
+    from reskip import CalibrateOptions, EvalOptions, calibrate_run, evaluate_run, generate_text, open_run, parse_spec, score
+
+    assert all(callable(f) for f in (calibrate_run, evaluate_run, generate_text, open_run, parse_spec, score))
+    assert parse_spec("reskip:budget=1").kind == "reskip" and CalibrateOptions() and EvalOptions()

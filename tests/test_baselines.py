@@ -18,7 +18,7 @@ from reskip.lora_ranks import lora_parameters, matched_lora_config, matched_rank
 from reskip.baselines.pruning import prune
 from reskip.baselines.train import LoraArm, load_lora_run, train_lora
 from reskip.cli import main
-from reskip.train.config import TrainConfig
+from reskip.train_config import TrainConfig
 
 SMOLLM2_RANK_COST = 10_176  # one rank on q, k, v, o, gate, up, down of a SmolLM2 layer: sum of (in + out)
 

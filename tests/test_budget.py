@@ -1,4 +1,4 @@
-"""Budgeted calibration (skip/budget.py), the reskip:budget=B and fractional static specs, matched
+"""Budgeted calibration (calibrate/budget.py), the reskip:budget=B and fractional static specs, matched
 compute and the held-out evaluation."""
 
 import json
@@ -13,10 +13,10 @@ from reskip import RetrofitConfig, retrofit
 from reskip.cli import main
 from reskip.data.packing import Packed
 from reskip.evaluate.methods import Method, evaluate_methods, matched_methods, parse_methods
-from reskip.skip.budget import (allocation_at, calibrate_budgets, chunk_ends, greedy_path, static_at,
+from reskip.calibrate.budget import (allocation_at, calibrate_budgets, chunk_ends, greedy_path, static_at,
                                 step_positions, threshold)
-from reskip.skip.calibration import calibrate
-from reskip.skip.stage import format_policy
+from reskip.calibrate.calibration import calibrate
+from reskip.calibrate.stage import format_policy
 from reskip.skip.policies import RandomSkip, ReSkip, StaticSkip, plan
 from reskip.skip.scoring import score
 from reskip.skip.policy_file import PolicyError

@@ -293,7 +293,7 @@ def test_written_files_follow_the_umask(tmp_path):
 def test_config_numbers_are_read_as_yaml_1_2():
     """Decimal digits are integers (010 is ten, as in JSON and YAML 1.2); YAML 1.1's hex, octal and sexagesimal forms
     stay strings, which validation refuses by name (`--lr 0x10` is not 16)."""
-    from reskip.train.config import load_yaml
+    from reskip.train_config import load_yaml
 
     assert load_yaml("a: 010\nb: -3\nc: 1e-3\nd: 0x10\ne: 0o10\nf: 1:30") == {
         "a": 10, "b": -3, "c": 0.001, "d": "0x10", "e": "0o10", "f": "1:30"}

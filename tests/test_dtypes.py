@@ -19,7 +19,7 @@ from reskip.losses import chunk_terms
 from reskip.progress import Progress
 from reskip.skip.policies import NoSkip, RandomSkip
 from reskip.skip.scoring import generate
-from reskip.train.config import TrainConfig
+from reskip.train_config import TrainConfig
 from reskip.train.loop import train
 from reskip.train.objective import RetrofitObjective
 

@@ -15,7 +15,7 @@ from reskip.skip.policy_file import PolicyFile
 
 
 def test_layer_flops_of_smollm2():
-    from reskip.backbones.accounting import architecture_config
+    from reskip.backbones.architectures import architecture_config
 
     lf = LayerFlops.of(architecture_config("SmolLM2-135M"))
     d, kv, ff = 576, 192, 1536

@@ -9,7 +9,7 @@ from safetensors import safe_open
 from helpers import batch, tiny_model
 from reskip import RetrofitConfig, retrofit
 from reskip.ar_retrofit.model import load_adapter
-from reskip.backbones.accounting import count_params
+from reskip.ar_retrofit.accounting import count_params
 from reskip.errors import RetrofitConfigError
 from reskip.train.loop import train
 

@@ -79,14 +79,14 @@ def _harness_cli(command: list[str], tmp, policy: str):
     assert "reskip_mmlu_tiny" in proc.stdout and "acc" in proc.stdout
 
 
-def test_lm_eval_command_knows_reskip(adapter_with_policy):
-    """The harness's own `lm_eval` command, as the README writes it (the wheel's .pth hook)."""
-    lm_eval_cmd = Path(sys.executable).parent / "lm_eval"
-    assert lm_eval_cmd.is_file(), "lm-eval's console script is installed by the README's test command"
-    _harness_cli([str(lm_eval_cmd)], adapter_with_policy, "static:1")
-
-
 def test_reskip_lm_eval_command(adapter_with_policy):
-    """`reskip-lm-eval`: the same, for editable installs (which skip .pth files), with a budgeted policy
-    (its spec holds an '=' inside lm-eval's key=value model_args)."""
-    _harness_cli([sys.executable, "-m", "reskip.evaluate.lm_eval_model"], adapter_with_policy, "reskip:budget=1")
+    """`reskip-lm-eval`, the console script the README names (lm_eval's arguments, `--model reskip` registered),
+    with a budgeted policy (its spec holds an '=' inside lm-eval's key=value model_args)."""
+    command = Path(sys.executable).parent / "reskip-lm-eval"
+    assert command.is_file(), "the reskip-lm-eval console script is installed with reskip"
+    _harness_cli([str(command)], adapter_with_policy, "reskip:budget=1")
+
+
+def test_reskip_lm_eval_module(adapter_with_policy):
+    """The same through `python -m` (where console scripts are not on PATH), with a static policy."""
+    _harness_cli([sys.executable, "-m", "reskip.evaluate.lm_eval_model"], adapter_with_policy, "static:1")

@@ -7,7 +7,8 @@ import torch
 
 from helpers import tiny_model, tiny_trained_run
 from reskip import RetrofitConfig, retrofit
-from reskip.skip.calibration import calibrate, sliding_mean
+from reskip.calibrate.calibration import calibrate
+from reskip.skip.window import sliding_mean
 from reskip.cli import main
 from reskip.skip.policy_file import PolicyError, PolicyFile, make_policy
 from reskip.skip.policies import NoSkip, RandomSkip, ReSkip, StaticSkip

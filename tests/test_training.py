@@ -14,7 +14,7 @@ from reskip.ar_retrofit.adapter_io import WEIGHTS_NAME
 from reskip.ar_retrofit.model import load_adapter
 from reskip.train.checkpoint import latest_checkpoint
 from reskip.train.schedules import curriculum, drawn_block, learning_rate
-from reskip.train.config import TrainConfig
+from reskip.train_config import TrainConfig
 from reskip.train.loop import TrainingDiverged, train
 
 

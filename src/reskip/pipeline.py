@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .backbones.dtypes import describe, resolve_dtype_name
-from .backbones.parity_stage import parity_stage
+from .parity_stage import parity_stage
 from .data.sources import load_splits
 from .reading import is_finite_number, read_json
 from .memory import peak_rss_gib
@@ -26,11 +26,11 @@ from .evaluate.options import EvalOptions
 from .evaluate.stage import evaluate_run, margin_violations
 from .evaluate.tables import markdown
 from .io_atomic import atomic_write_json
-from .skip.options import CalibrateOptions
+from .calibrate.options import CalibrateOptions
 from .skip.spec import METHOD_KINDS, parse_specs
-from .skip.stage import calibrate_run, format_policy
+from .calibrate.stage import calibrate_run, format_policy
 from .train.checkpoint import latest_checkpoint
-from .train.config import TrainConfig
+from .train_config import TrainConfig
 from .train.log import format_summary
 from .train.loop import check_against_backbone, train
 from .run_lock import writing

@@ -1,2 +1,2 @@
-"""Backbones: loading the bundled, packaged and user-named models (loading), parameter accounting
-without weights (accounting, archs/), and the pipeline's parity stage (parity_stage)."""
+"""Backbones: loading the bundled, packaged and user-named models (loading), their configs without weights
+(architectures, archs/), and the names of their compute dtypes (dtypes)."""

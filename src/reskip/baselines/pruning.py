@@ -19,7 +19,7 @@ from ..ar_retrofit.config import RetrofitConfig
 from ..ar_retrofit.model import retrofit
 from ..data.packing import Packed
 from ..errors import ReskipError
-from ..skip.calibration import measure_blocks
+from ..calibrate.calibration import measure_blocks
 
 
 @dataclass

@@ -36,7 +36,7 @@ from ..progress import Progress
 from ..reading import read_json, read_yaml
 from ..run_lock import writing
 from ..runs import RunFolder
-from ..train.config import TrainConfig, load_yaml
+from ..train_config import TrainConfig, load_yaml
 from ..train.log import append_record, last_eval, read_log, records, truncate_after
 from ..train.checkpoint import latest_checkpoint
 from ..train.loop import check_against_backbone, prepare_data

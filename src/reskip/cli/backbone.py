@@ -18,7 +18,7 @@ def _emit(result: dict, as_json: bool, lines: list[str]) -> None:
 
 def cmd_parity(args) -> int:
     from ..backbones.loading import DEFAULT_BACKBONE  # lazy: torch
-    from ..backbones.parity_stage import parity_of  # lazy: torch
+    from ..parity_stage import parity_of  # lazy: torch
 
     from ..backbones.dtypes import describe  # lazy: torch
 
@@ -33,7 +33,8 @@ def cmd_parity(args) -> int:
 
 
 def cmd_params(args) -> int:
-    from ..backbones.accounting import architecture_config, count_params  # lazy: torch
+    from ..ar_retrofit.accounting import count_params  # lazy: torch
+    from ..backbones.architectures import architecture_config  # lazy: torch
 
     config = retrofit_config(args)
     report = count_params(architecture_config(args.backbone), config, args.backbone).to_dict()
@@ -48,7 +49,7 @@ def cmd_params(args) -> int:
 
 
 def cmd_run_parity(args) -> int:
-    from ..backbones.parity_stage import parity_stage  # lazy: torch
+    from ..parity_stage import parity_stage  # lazy: torch
 
     result = parity_stage(Path(args.out), args.model, retrofit_config(args), args.trust_remote_code)
     print(f"wrote {RunFolder(args.out).parity}")

@@ -11,7 +11,7 @@ import argparse
 from ..errors import ReskipError
 from ..ar_retrofit.config import VARIANTS, RetrofitConfig
 from ..config_fields import help_of
-from ..train.config import RECIPE_RETROFIT
+from ..train_config import RECIPE_RETROFIT
 
 DTYPES = ("auto", "float32", "bfloat16")  # `backbones.dtypes.DTYPE_NAMES`, without importing torch here
 # `pipeline.PRESETS` by name, without importing torch here: quick (a smoke run), medium (screening), standard

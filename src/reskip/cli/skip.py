@@ -7,13 +7,13 @@ from __future__ import annotations
 import dataclasses
 
 from ..errors import ReskipError, check_range
-from ..skip.options import CalibrateOptions
+from ..calibrate.options import CalibrateOptions
 from ..skip.spec import GRAMMAR, parse_spec
 from .common import adapter_flag, model_flags
 
 
 def cmd_calibrate(args) -> int:
-    from ..skip.stage import calibrate_run, format_policy  # lazy: torch
+    from ..calibrate.stage import calibrate_run, format_policy  # lazy: torch
 
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(CalibrateOptions)}
     options = CalibrateOptions(**{**values, "budgets": parse_budgets(args.budgets)})
@@ -27,7 +27,7 @@ def parse_budgets(text: str) -> tuple[float, ...]:
     """"0.5,1,2" -> (0.5, 1.0, 2.0); "none" -> () (no frontier)."""
     if text.strip().lower() == "none":
         return ()
-    try:  # the values' range is checked with the other options (`skip.stage.check_options`)
+    try:  # the values' range is checked with the other options (`calibrate.stage.check_options`)
         return tuple(float(x) for x in text.split(","))
     except ValueError:
         raise ReskipError(f"--budgets takes comma-separated numbers of blocks per step, e.g. 0.5,1,2 (or none); "

@@ -14,7 +14,7 @@ import yaml
 
 from ..errors import ReskipError
 from ..runs import RunFolder
-from ..train.config import TrainConfig, load_yaml
+from ..train_config import TrainConfig, load_yaml
 from ..train.log import format_summary
 from .common import retrofit_flags, retrofit_values
 

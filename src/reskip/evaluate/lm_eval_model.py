@@ -5,24 +5,25 @@ decoder layers are wrapped in place, so HFLM's forward and generate run through 
 side-channel); the only additions are the skip policy around every model call and
 loading by run folder. In a batch, all sequences share one skip decision per step.
 
-lm-eval 0.4.13 has no plug-in discovery for model names. The name `reskip` is registered
-by `reskip_lm_eval_hook` (loaded at interpreter start by the wheel's .pth file, so the plain
-`lm_eval --model reskip` command works, and imported here too). Editable installs skip .pth
-files; there the `reskip-lm-eval` command (same arguments as `lm_eval`) does the same.
+lm-eval 0.4.13 has no plug-in discovery for model names: its own mechanism is `register_model`,
+which this module calls when it is imported. So `reskip-lm-eval` (this module's `main`, the same
+arguments as `lm_eval`) runs the harness with `--model reskip`, and in Python `import
+reskip.evaluate.lm_eval_model` makes `lm_eval.simple_evaluate(model="reskip", ...)` work (or hand
+it a `ReskipLM` instance). Nothing runs at interpreter start: installing reskip adds no .pth file.
 """
 
 from __future__ import annotations
 
-import reskip_lm_eval_hook
 from lm_eval.__main__ import cli_evaluate
-from lm_eval.models.huggingface import HFLM
+from lm_eval.api.registry import register_model
+from lm_eval.models.huggingface import HFLM  # imports the harness's model table first: a registry
+# that is not empty is never filled with the harness's own models, so ours must come after them
 
 from ..skip.inference_run import open_run
 from ..skip.spec import parse_spec
 
-reskip_lm_eval_hook.install()  # registers the name "reskip" (lazily, pointing at ReskipLM below)
 
-
+@register_model("reskip")
 class ReskipLM(HFLM):
     def __init__(self, adapter: str, policy: str = "reskip", model: str | None = None, window: int | None = None,
                  dtype: str = "auto", seed: int = 0, **kwargs):

@@ -20,12 +20,12 @@ from ..data.sources import load_splits
 from ..io_atomic import atomic_write_json
 from ..report.diagnostics import spearman
 from ..runs import RunFolder
-from ..skip.options import CalibrateOptions
+from ..calibrate.options import CalibrateOptions
 from ..skip.inference_run import open_run
-from ..skip.position_choice import signal_test
-from ..skip.stage import calibrate_run
+from ..analysis.signal_test import signal_test
+from ..calibrate.stage import calibrate_run
 from ..train.checkpoint import latest_checkpoint
-from ..train.config import TrainConfig
+from ..train_config import TrainConfig
 from ..train.log import read_log, records
 from ..train.loop import train
 

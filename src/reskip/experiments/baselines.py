@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..backbones.accounting import count_params
+from ..ar_retrofit.accounting import count_params
 from ..backbones.dtypes import resolve_dtype_name
 from ..backbones.loading import load_backbone, load_config
 from ..baselines.pruning import BlockCosts, backbone_block_costs, prune
@@ -45,11 +45,11 @@ from ..reading import read_json
 from ..report.figures import fig_baselines
 from ..runs import RunFolder
 from ..ar_retrofit.config import RetrofitConfig
-from ..skip.position_choice import bootstrap_difference
+from ..analysis.statistics import bootstrap_difference
 from ..skip.policy_file import PolicyFile
 from ..skip.spec import METHOD_KINDS, parse_specs
-from ..skip.stage import calibrate_run
-from ..train.config import TrainConfig
+from ..calibrate.stage import calibrate_run
+from ..train_config import TrainConfig
 from ..train.log import read_log, records
 from ..train.loop import train
 from ..train.checkpoint import latest_checkpoint

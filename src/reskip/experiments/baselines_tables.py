@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..skip.position_choice import bootstrap_difference
+from ..analysis.statistics import bootstrap_difference
 from .record import claim
 
 SPLITS = ("test", "kjv")

@@ -24,7 +24,7 @@ from ..data.packing import pack
 from ..data.sources import load_splits
 from ..pipeline import PRESETS
 from ..report.diagnose import SOURCE_INSTANCE
-from ..train.config import TrainConfig
+from ..train_config import TrainConfig
 from .options import SOURCE_BUDGET_BYTES, ExperimentOptions
 from .record import claim
 

@@ -30,7 +30,7 @@ from .record import claim
 from ..errors import ReskipError
 from ..pipeline import PipelineConfig, config_of, run_pipeline
 from .options import ExperimentOptions
-from ..skip.position_choice import bootstrap_difference
+from ..analysis.statistics import bootstrap_difference
 from ..runs import RunFolder
 
 SCALE_PRESETS = ("standard", "long", "large")

@@ -18,7 +18,7 @@ from ..ar_retrofit.blocks import partition_layers
 from ..errors import ReskipError, check_range
 from ..pipeline import PRESETS, PipelineConfig
 from ..runs import RunFolder
-from ..train.config import TrainConfig
+from ..train_config import TrainConfig
 from ..train.loop import check_against_backbone
 from . import baselines, block_size, mix, placement, scale, variants
 from .arms import ARM_FILE, Measure, finished_twin, run_arm

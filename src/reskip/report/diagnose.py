@@ -14,11 +14,11 @@ from ..data.sources import load_splits
 from ..errors import check_range
 from ..io_atomic import atomic_write_json
 from ..ar_retrofit.blocks import inclusive_ranges
-from ..skip.calibration import sliding_mean
+from ..skip.window import sliding_mean
 from ..skip.inference_run import DEFAULT_WINDOW, open_run
-from ..skip.signal import signal_health
-from ..skip.cost_probe import fit_probes
-from ..skip.position_choice import signal_test
+from ..analysis.signal_health import signal_health
+from ..analysis.cost_probe import fit_probes
+from ..analysis.signal_test import signal_test
 from ..skip.spec import parse_spec
 from ..train.log import last_eval
 from .diagnostics import dilution, memory_table, reading_discipline, routing_health, token_trace

@@ -77,7 +77,7 @@ def routing_health(mean_alpha: dict, entropy: dict, signal: dict | None = None) 
 
     Failures, in this order: FLAT (near uniform), COLLAPSED (near one-hot, on h_{n-1}: the standard
     residual rebuilt, or on an earlier state, which leaves w_recent at zero so ReSkip never skips),
-    INPUT-INDEPENDENT (`skip.signal`: w_recent hardly moves from token to token). signal: block ->
+    INPUT-INDEPENDENT (`analysis.signal_health`: w_recent hardly moves from token to token). signal: block ->
     `signal_health` (str keys), measured on the caller's tokens."""
     out = []
     for n_str, alpha in sorted(mean_alpha.items(), key=lambda kv: int(kv[0])):

@@ -10,7 +10,7 @@ class DiagnoseOptions:
     """context: tokens for the depth-state memory table. sequences: test sequences for dilution.
     sample_tokens: tokens of the per-token skip trace. signal_sequences: test sequences of the signal
     test (0: not run). probe_sequences: calibration sequences the signal test's cost probes are fitted on
-    (0: no probe chooser; `skip.cost_probe`). model: backbone (None: the run's). dtype: the backbone's compute dtype (auto:
+    (0: no probe chooser; `analysis.cost_probe`). model: backbone (None: the run's). dtype: the backbone's compute dtype (auto:
     bfloat16 where the hardware computes it fast, else float32)."""
 
     context: int = 4096

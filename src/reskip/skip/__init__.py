@@ -1,2 +1,2 @@
-"""ReSkip: policy specs (spec), policies, the step-by-step runtime, policy files, calibration,
-scoring under a policy, and opening a run for inference (session)."""
+"""ReSkip's inference path: policy specs (spec), policies, the step-by-step runtime, the window mean (window),
+policy files, scoring and generation under a policy, and opening a run for inference (inference_run)."""

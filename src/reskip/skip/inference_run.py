@@ -22,7 +22,7 @@ from ..errors import AdapterError, ReskipError
 from ..ar_retrofit.config import ADAPTER_CONFIG_NAME
 from ..ar_retrofit.model import ReskipModel, load_adapter
 from ..runs import RunFolder
-from ..train.config import TrainConfig
+from ..train_config import TrainConfig
 from .policies import SkipPolicy
 from .policy_file import PolicyFile, dense_if_uncalibrated, make_policy
 from .spec import Spec

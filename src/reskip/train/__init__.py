@@ -1,2 +1,2 @@
-"""Training the side-channel: config, objective (the loss terms), schedules, loop, log, checkpoint,
+"""Training the side-channel: objective (the loss terms), schedules, loop, log, checkpoint,
 validation."""

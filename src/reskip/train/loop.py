@@ -32,7 +32,7 @@ from ..progress import Progress
 from ..run_lock import writing
 from ..runs import RunFolder
 from .checkpoint import CHECKPOINT_NAME, latest_checkpoint, load_checkpoint, save_checkpoint
-from .config import TrainConfig
+from ..train_config import TrainConfig
 from .log import append_record, last_eval, read_log, summarize, truncate_after
 from .objective import RetrofitObjective
 from .schedules import curriculum, drawn_blocks, learning_rate, skipped_positions

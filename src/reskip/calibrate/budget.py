@@ -34,10 +34,10 @@ import torch
 from ..data.packing import Packed
 from ..losses import ce_sum
 from ..ar_retrofit.model import ReskipModel
-from .calibration import sliding_mean
-from .policy_file import policy_of_allocation
-from .policies import plan
-from .scoring import score_planned_whole, score_rows
+from ..skip.window import sliding_mean
+from ..skip.policy_file import policy_of_allocation
+from ..skip.policies import plan
+from ..skip.scoring import score_planned_whole, score_rows
 
 LEVELS = (0.25, 0.5, 0.75, 1.0)
 ALWAYS = 1.0 - 1e-9  # a share at or above this: the block is skipped at every step (tau null)

@@ -1,4 +1,5 @@
-"""Training configuration: defaults, YAML + flag overrides, and validation before any model loads."""
+"""The training configuration, a run's config.yaml: defaults, YAML + flag overrides, and validation before any
+model loads. Outside train/ because inference reads a run's model, data and sequence length from it too."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ from dataclasses import dataclass
 
 import yaml
 
-from ..errors import ReskipError
-from ..reading import read_yaml
-from ..ar_retrofit.config import RetrofitConfig, check_rank, reject_unknown_keys
-from ..config_fields import described
+from .errors import ReskipError
+from .reading import read_yaml
+from .ar_retrofit.config import RetrofitConfig, check_rank, reject_unknown_keys
+from .config_fields import described
 
 class _Yaml12Loader(yaml.SafeLoader):
     """PyYAML's safe loader, reading numbers as YAML 1.2 and JSON do: in YAML 1.1 a float needs a dot, so

@@ -9,7 +9,7 @@ Why 0.02: w_recent is a routing weight in [0, 1]; a policy that skips at a quant
 its decision on differences inside that range. Below two hundredths of routing weight (the default
 recipe measured 0.0024-0.0040) the ordering of tokens is set by the adapters' small drift, not by
 what the router reads. It is a reporting threshold, not a proof of a signal: the signal test
-(`position_choice.signal_test`) is the experiment that can refute one.
+(`signal_test.signal_test`) is the experiment that can refute one.
 """
 
 from __future__ import annotations

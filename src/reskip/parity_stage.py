@@ -7,14 +7,14 @@ from pathlib import Path
 
 import torch
 
-from ..io_atomic import atomic_write_json
-from ..runs import RunFolder
-from ..ar_retrofit.blocks import retrofit_blocks
-from ..ar_retrofit.config import RetrofitConfig, check_rank
-from ..ar_retrofit.parity import check_parity, tokenize_batch
-from .accounting import count_params
-from .dtypes import resolve_dtype
-from .loading import DEFAULT_BACKBONE, load_backbone, load_config
+from .io_atomic import atomic_write_json
+from .runs import RunFolder
+from .ar_retrofit.blocks import retrofit_blocks
+from .ar_retrofit.config import RetrofitConfig, check_rank
+from .ar_retrofit.parity import check_parity, tokenize_batch
+from .ar_retrofit.accounting import count_params
+from .backbones.dtypes import resolve_dtype
+from .backbones.loading import DEFAULT_BACKBONE, load_backbone, load_config
 
 PARITY_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 

@@ -26,7 +26,7 @@ import torch
 from ..ar_retrofit.model import ReskipModel
 from ..data.packing import Packed
 from ..losses import ce_tokens
-from .calibration import sliding_mean
+from ..skip.window import sliding_mean
 
 RIDGE_PENALTIES = (1e-1, 1e1, 1e3, 1e5)  # on standardised features: from nearly unpenalised to nearly constant
 MLP_HIDDEN = 64

@@ -16,8 +16,8 @@ from ..run_lock import writing
 from .budget import calibrate_budgets
 from .calibration import calibrate
 from .options import CalibrateOptions
-from .policy_file import PolicyFile
-from .inference_run import check_positions, open_run, resolve_adapter
+from ..skip.policy_file import PolicyFile
+from ..skip.inference_run import check_positions, open_run, resolve_adapter
 
 
 def check_options(o: CalibrateOptions) -> None:

@@ -23,18 +23,11 @@ from ..losses import ce_sum
 from ..ar_retrofit.adapter_io import fingerprint
 from ..ar_retrofit.blocks import inclusive_ranges
 from ..ar_retrofit.model import ReskipModel
-from .policy_file import FORMAT_VERSION, PolicyFile, forward_config, side_channel_digest
-from .signal import signal_health
+from ..skip.policy_file import FORMAT_VERSION, PolicyFile, forward_config, side_channel_digest
+from ..analysis.signal_health import signal_health
+from ..skip.window import sliding_mean
 
 GRID = 101  # w_recent quantiles stored per block: 0%, 1%, ..., 100%
-
-
-def sliding_mean(a: torch.Tensor, window: int) -> torch.Tensor:
-    """(B, T) -> (B, T): mean of the last `window` values up to and including each position."""
-    c = F.pad(a.cumsum(-1), (1, 0))  # (B, T + 1)
-    t = torch.arange(1, a.shape[-1] + 1)
-    lo = (t - window).clamp_min(0)
-    return (c[:, t] - c[:, lo]) / (t - lo)
 
 
 @torch.no_grad()

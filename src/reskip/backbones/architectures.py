@@ -1,0 +1,61 @@
+"""Backbone configs without weights: shipped architecture configs (hyperparameters only, see
+`reskip/backbones/archs/*.json`) make well-known names work offline; a config.json or a model folder works too."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+from types import SimpleNamespace
+
+from transformers import AutoConfig
+
+from .. import compat
+from ..errors import ModelNotFoundError
+
+ARCHS = "reskip.backbones"  # the package whose archs/ folder holds the shipped configs
+
+
+def shipped_architectures() -> dict[str, str]:
+    """lower-case name -> shipped file name (without .json)."""
+    folder = resources.files(ARCHS) / "archs"
+    return {p.name[:-5].lower(): p.name[:-5] for p in folder.iterdir() if p.name.endswith(".json")}
+
+
+def architecture_config(name_or_path: str):
+    """A transformers config from a shipped name, a config.json, or a model folder (no weights)."""
+    shipped = shipped_architectures()
+    path = Path(name_or_path).expanduser()
+    if name_or_path.lower() in shipped:
+        text = (resources.files(ARCHS) / "archs" / f"{shipped[name_or_path.lower()]}.json").read_text()
+    elif path.is_file():
+        text = _read_text(path)
+    elif (path / "config.json").is_file():
+        text = _read_text(path / "config.json")
+    else:
+        raise ModelNotFoundError(
+            f"unknown backbone {name_or_path!r}: give a config.json, a model folder, or one of "
+            f"{sorted(shipped.values())}"
+        )
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ModelNotFoundError(f"{name_or_path} is not a JSON model config ({e.msg} at line {e.lineno}); "
+                                 f"give a config.json, a model folder, or one of {sorted(shipped.values())}") from e
+    if not isinstance(data, dict):
+        raise ModelNotFoundError(f"{name_or_path}: a model config is a JSON object, got {type(data).__name__}")
+    model_type = data.pop("model_type", None)
+    if model_type is None:
+        raise ModelNotFoundError(f"{name_or_path}: the config has no model_type")
+    compat.check_supported(SimpleNamespace(model_type=model_type))  # before transformers reads the rest
+    try:
+        return AutoConfig.for_model(model_type, **data)
+    except (TypeError, ValueError) as e:
+        raise ModelNotFoundError(f"{name_or_path}: transformers cannot build a {model_type} config from it ({e})") from e
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ModelNotFoundError(f"cannot read {path} as a model config ({e})") from e
