@@ -23,6 +23,7 @@ from reskip.backbones.dtypes import resolve_dtype_name
 from reskip.evaluate.stage import evaluate_run
 from reskip.pipeline import PipelineConfig
 from reskip.calibrate.stage import calibrate_run
+from reskip.skip.policy_file import PolicyFile
 
 
 def main(argv=None):
@@ -39,11 +40,12 @@ def main(argv=None):
                                                 budgets=(), out=str(tmp / "warmup.json")))
     for d in args.dtypes:
         t = time.perf_counter()
-        policy, _ = calibrate_run(args.run, dataclasses.replace(pc.calibrate_options(), dtype=d,
-                                                                   out=str(tmp / f"policy-{d}.json")))
+        policy = PolicyFile.load(calibrate_run(args.run, dataclasses.replace(pc.calibrate_options(), dtype=d,
+                                                                             out=str(tmp / f"policy-{d}.json"))))
         report[f"calibrate_s_{d}"] = time.perf_counter() - t
         t = time.perf_counter()  # eval reads the run's own policy.json in both dtypes: the same thresholds
-        results, _ = evaluate_run(args.run, dataclasses.replace(pc.eval_options(), dtype=d, out=str(tmp / f"eval-{d}")))
+        results = json.loads(evaluate_run(args.run, dataclasses.replace(pc.eval_options(), dtype=d,
+                                                                       out=str(tmp / f"eval-{d}"))).read_text())
         report[f"eval_s_{d}"] = time.perf_counter() - t
         quality[d] = {
             "A": {str(b["block"]): b["A"] for b in policy.data["blocks"]},

@@ -9,6 +9,7 @@ import pytest
 import transformers
 
 from helpers import save_tiny
+from reskip import ReskipError
 from reskip.cli import build_parser, main
 
 MISSING = "/nonexistent/reskip-test"
@@ -213,12 +214,39 @@ def test_the_table_covers_every_command():
 
 def test_benchmarks_none_means_no_multiple_choice():
     """`--benchmarks none`, as the help says, and a bare `--benchmarks` both switch multiple choice off."""
-    from reskip.cli.evaluate import eval_options
+    from reskip.cli.evaluate import EVAL_CONVERTERS
+    from reskip.cli.options import options_from_args
+    from reskip.evaluate.options import EvalOptions
+
+    def eval_options(args):
+        return options_from_args(EvalOptions, args, EVAL_CONVERTERS)
 
     parser = build_parser()
     for tail in (["--benchmarks", "none"], ["--benchmarks"]):
         assert eval_options(parser.parse_args(["eval", "--adapter", "x", *tail])).benchmarks == []
     assert eval_options(parser.parse_args(["eval", "--adapter", "x"])).benchmarks == ["mmlu"]
+
+
+def test_an_options_file_gives_values_by_name_and_flags_override_it(tmp_path):
+    """`--config` of a stage: values by field name, converted as flags are, a flag given on the line winning;
+    an unknown name or a value of the wrong type is one error naming the file and the field."""
+    from reskip.cli.options import options_from_args
+    from reskip.cli.skip import CALIBRATE_CONVERTERS
+    from reskip.calibrate.options import CalibrateOptions
+
+    parser = build_parser()
+    good = tmp_path / "calib.yaml"
+    good.write_text("sequences: 64\ndelta: 1.0\nbudgets: [0.5, 1]\n")
+    args = parser.parse_args(["calibrate", "--adapter", "x", "--config", str(good), "--delta", "0.5"])
+    o = options_from_args(CalibrateOptions, args, CALIBRATE_CONVERTERS)
+    assert (o.sequences, o.delta, o.budgets, o.quantile) == (64, 0.5, (0.5, 1.0), CalibrateOptions().quantile)
+    for text, words in (("sequence: 64\n", "unknown option 'sequence'"), ("sequences: many\n", "sequences takes int"),
+                        ("quantile: 2\n", "--quantile must be"), ("- 1\n", "a YAML mapping")):
+        bad = tmp_path / "bad.yaml"
+        bad.write_text(text)
+        with pytest.raises(ReskipError, match=words):
+            options_from_args(CalibrateOptions, parser.parse_args(["calibrate", "--adapter", "x", "--config", str(bad)]),
+                              CALIBRATE_CONVERTERS)
 
 
 def _one_line_exit_2(argv, capsys, word):

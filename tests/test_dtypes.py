@@ -20,7 +20,7 @@ from reskip.progress import Progress
 from reskip.skip.policies import NoSkip, RandomSkip
 from reskip.skip.scoring import generate
 from reskip.train_config import TrainConfig
-from reskip.train.loop import train
+from reskip.train.loop import train_run
 from reskip.train.objective import RetrofitObjective
 
 
@@ -58,7 +58,7 @@ def test_an_unknown_dtype_is_refused():
 
 def test_training_writes_the_resolved_dtype_and_resumes_exactly_in_bfloat16(tiny_run, tmp_path, monkeypatch):
     _hardware(monkeypatch, amx_bf16=True)  # auto -> bfloat16 on any machine the suite runs on
-    train(tiny_run(dtype="auto"), tmp_path / "straight", show_progress=False)
+    train_run(tmp_path / "straight", tiny_run(dtype="auto"), show_progress=False)
     cfg = yaml.safe_load((tmp_path / "straight" / "config.yaml").read_text())
     assert cfg["dtype"] == "bfloat16"
     card = json.loads((tmp_path / "straight" / "adapter" / "adapter_config.json").read_text())
@@ -69,11 +69,11 @@ def test_training_writes_the_resolved_dtype_and_resumes_exactly_in_bfloat16(tiny
             raise KeyboardInterrupt("simulated kill after the step-2 checkpoint")
 
     with pytest.raises(KeyboardInterrupt):
-        train(tiny_run(dtype="auto"), tmp_path / "resumed", on_step_end=crash, show_progress=False)
+        train_run(tmp_path / "resumed", tiny_run(dtype="auto"), on_step_end=crash, show_progress=False)
     # the resumed run reads its own config.yaml: bfloat16, not whatever auto would give now
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {})
     resumed_cfg = TrainConfig.from_yaml((tmp_path / "resumed" / "config.yaml").read_text())
-    train(resumed_cfg, tmp_path / "resumed", resume=True, show_progress=False)
+    train_run(tmp_path / "resumed", resumed_cfg, resume=True, show_progress=False)
     a = (tmp_path / "straight" / "adapter" / WEIGHTS_NAME).read_bytes()
     b = (tmp_path / "resumed" / "adapter" / WEIGHTS_NAME).read_bytes()
     assert a == b

@@ -7,11 +7,12 @@ import torch
 from safetensors import safe_open
 
 from helpers import batch, tiny_model
+from reskip.reading import read_json
 from reskip import RetrofitConfig, retrofit
 from reskip.ar_retrofit.model import load_adapter
 from reskip.ar_retrofit.accounting import count_params
 from reskip.errors import RetrofitConfigError
-from reskip.train.loop import train
+from reskip.train.loop import train_run
 
 
 def _model(family="llama", inner=2000, seed=0):
@@ -85,7 +86,7 @@ def test_training_with_an_inner_lora_moves_it_and_resumes_exactly(tiny_run, tmp_
     from reskip.ar_retrofit.adapter_io import WEIGHTS_NAME
 
     cfg = tiny_run(retrofit={"block_size": 2, "rank": 8, "inner_lora": 3000})
-    summary = train(cfg, tmp_path / "run", show_progress=False)
+    summary = read_json(train_run(tmp_path / "run", cfg, show_progress=False))
     assert summary["ppl_full"]["end"] < summary["ppl_full"]["start"]
 
     def crash(step, model):
@@ -93,8 +94,8 @@ def test_training_with_an_inner_lora_moves_it_and_resumes_exactly(tiny_run, tmp_
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        train(cfg, tmp_path / "again", on_step_end=crash, show_progress=False)
-    train(cfg, tmp_path / "again", resume=True, show_progress=False)
+        train_run(tmp_path / "again", cfg, on_step_end=crash, show_progress=False)
+    train_run(tmp_path / "again", cfg, resume=True, show_progress=False)
     assert (tmp_path / "run" / "adapter" / WEIGHTS_NAME).read_bytes() == (
         tmp_path / "again" / "adapter" / WEIGHTS_NAME).read_bytes()
     from reskip.backbones.loading import load_backbone

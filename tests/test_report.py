@@ -10,7 +10,7 @@ import pytest
 
 from helpers import save_tiny, write_corpus
 from reskip.cli import main
-from reskip.report.html import build_report
+from reskip.report.html import report_run
 
 pytestmark = pytest.mark.integration  # whole commands end to end
 
@@ -77,7 +77,7 @@ def test_report_is_self_contained_and_captioned(pipeline_run):
 def test_report_of_a_partial_run_says_what_is_missing(pipeline_run, tmp_path):
     run, _ = pipeline_run
     shutil.copy(run / "parity.json", tmp_path / "parity.json")
-    page = build_report(tmp_path).read_text()
+    page = report_run(tmp_path).read_text()
     assert "Missing stages" in page and "reskip train" in page and "reskip calibrate" in page
     assert "Parity and parameters" in page
 

@@ -9,13 +9,14 @@ import pytest
 import torch
 
 from helpers import batch, tiny_model
+from reskip.reading import read_json
 from reskip import ReskipError, RetrofitConfig, retrofit
 from reskip.ar_retrofit.adapter_io import WEIGHTS_NAME
 from reskip.ar_retrofit.model import load_adapter
 from reskip.train.checkpoint import latest_checkpoint
 from reskip.train.schedules import curriculum, drawn_block, learning_rate
 from reskip.train_config import TrainConfig
-from reskip.train.loop import TrainingDiverged, train
+from reskip.train.loop import TrainingDiverged, train_run
 
 
 def test_curriculum_holds_ramps_and_stays_open():
@@ -83,7 +84,7 @@ def test_continuing_after_block_one_equals_the_full_pass():
 
 def test_training_writes_run_files_and_changes_only_the_side_channel(tiny_run, tmp_path):
     out = tmp_path / "run"
-    summary = train(tiny_run(), out, show_progress=False)
+    summary = read_json(train_run(out, tiny_run(), show_progress=False))
     assert {p.name for p in out.iterdir()} >= {"config.yaml", "splits.json", "train_log.jsonl", "checkpoints", "adapter", "summary.json"}
     records = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     trains = [r for r in records if r["kind"] == "train"]
@@ -107,16 +108,16 @@ def test_training_writes_run_files_and_changes_only_the_side_channel(tiny_run, t
 
 
 def test_resume_after_a_kill_is_exact(tiny_run, tmp_path):
-    train(tiny_run(), tmp_path / "straight", show_progress=False)
+    train_run(tmp_path / "straight", tiny_run(), show_progress=False)
 
     def crash(step, model):
         if step == 2:
             raise KeyboardInterrupt("simulated kill after the step-2 checkpoint")
 
     with pytest.raises(KeyboardInterrupt):
-        train(tiny_run(), tmp_path / "resumed", on_step_end=crash, show_progress=False)
+        train_run(tmp_path / "resumed", tiny_run(), on_step_end=crash, show_progress=False)
     assert latest_checkpoint(tmp_path / "resumed").name == "step-000002"
-    train(tiny_run(), tmp_path / "resumed", resume=True, show_progress=False)
+    train_run(tmp_path / "resumed", tiny_run(), resume=True, show_progress=False)
     a = (tmp_path / "straight" / "adapter" / WEIGHTS_NAME).read_bytes()
     b = (tmp_path / "resumed" / "adapter" / WEIGHTS_NAME).read_bytes()
     assert a == b
@@ -132,7 +133,7 @@ def test_nan_loss_stops_with_a_clear_message_and_keeps_the_last_checkpoint(tiny_
                 model.side_channel.block(2).router.query.fill_(float("nan"))
 
     with pytest.raises(TrainingDiverged, match="step 2.*Last good checkpoint.*step-000002"):
-        train(tiny_run(), tmp_path / "run", on_step_end=poison, show_progress=False)
+        train_run(tmp_path / "run", tiny_run(), on_step_end=poison, show_progress=False)
     ckpt = latest_checkpoint(tmp_path / "run")
     from safetensors.torch import load_file
 
@@ -159,7 +160,7 @@ def test_bad_values_are_refused_before_the_model_loads(tiny_run, tmp_path, monke
 
     monkeypatch.setattr(training, "load_backbone", no_load)
     with pytest.raises(ReskipError, match=message):
-        train(tiny_run(**change), tmp_path / "run", show_progress=False)
+        train_run(tmp_path / "run", tiny_run(**change), show_progress=False)
     assert not (tmp_path / "run").exists()
 
 
@@ -168,7 +169,7 @@ def test_empty_data_is_refused(tiny_run, tmp_path):
     empty.mkdir()
     (empty / "a.txt").write_text("")
     with pytest.raises(ReskipError, match="empty|no training documents"):
-        train(tiny_run(data=[str(empty)]), tmp_path / "run", show_progress=False)
+        train_run(tmp_path / "run", tiny_run(data=[str(empty)]), show_progress=False)
 
 
 def test_unknown_keys_are_refused():
@@ -188,7 +189,7 @@ def test_router_learning_rate_multipliers_take_effect(tiny_run, tmp_path):
     assert {id(p) for p in groups[0]["params"]} == {id(r.query) for r in rm.side_channel.routers()}
 
     out = tmp_path / "run"
-    train(tiny_run(router_lr_mult=1e-8, source_bias_lr_mult=1e-8, hold_frac=0.0, ramp_end_frac=0.0), out,
+    train_run(out, tiny_run(router_lr_mult=1e-8, source_bias_lr_mult=1e-8, hold_frac=0.0, ramp_end_frac=0.0),
           show_progress=False)
     init = retrofit(tiny_model("llama"), RetrofitConfig(block_size=2, rank=8), seed=0)
     trained = load_adapter(tiny_model("llama"), out / "adapter")
@@ -249,7 +250,7 @@ def test_token_level_skip_branch_matches_the_reference_and_resumes(tiny_run, tmp
 
     assert terms["kl"].item() == pytest.approx(kl_sum(teacher, ref).item(), rel=1e-4)
     out = tmp_path / "run"
-    train(tiny_run(skip_fraction=0.5), out, show_progress=False)
+    train_run(out, tiny_run(skip_fraction=0.5), show_progress=False)
     assert (out / "adapter").is_dir()
 
 
@@ -260,7 +261,7 @@ def test_report_to_tensorboard_logs_every_scalar_of_the_log(tiny_run, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     out = tmp_path / "tb"
-    train(tiny_run(report_to="tensorboard"), out, show_progress=False)
+    train_run(out, tiny_run(report_to="tensorboard"), show_progress=False)
     events = list((out / "tensorboard").rglob("events.out.tfevents.*"))
     assert events
     acc = EventAccumulator(str(events[0].parent))
@@ -327,8 +328,8 @@ def test_validation_keeps_the_backbones_states_and_gives_the_same_figures(family
 def test_skip_kl_at_the_ends_only_logs_less_and_trains_the_same(tiny_run, tmp_path):
     """skip_kl_curve: false (the experiments' arms) computes the skip-branch KL at the first and last
     validations only; the adapter and every other validation figure are the same as with it everywhere."""
-    train(tiny_run(), tmp_path / "every", show_progress=False)
-    train(tiny_run(skip_kl_curve=False), tmp_path / "ends", show_progress=False)
+    train_run(tmp_path / "every", tiny_run(), show_progress=False)
+    train_run(tmp_path / "ends", tiny_run(skip_kl_curve=False), show_progress=False)
     a = (tmp_path / "every" / "adapter" / WEIGHTS_NAME).read_bytes()
     b = (tmp_path / "ends" / "adapter" / WEIGHTS_NAME).read_bytes()
     assert a == b
@@ -500,24 +501,24 @@ def test_overwrite_removes_a_runs_own_files_only(tiny_run, tmp_path):
     (mine / "config.yaml").write_text("learning_rate: 3\n")
     (mine / "checkpoints" / "model.bin").write_bytes(b"weights")
     with pytest.raises(ReskipError, match="not a reskip training run's"):
-        train(tiny_run(), mine, overwrite=True, show_progress=False)
+        train_run(mine, tiny_run(), overwrite=True, show_progress=False)
     assert (mine / "config.yaml").read_text() == "learning_rate: 3\n" and (mine / "checkpoints" / "model.bin").exists()
     (mine / "config.yaml").unlink()
     with pytest.raises(ReskipError, match="model.bin"):
-        train(tiny_run(), mine, overwrite=True, show_progress=False)
+        train_run(mine, tiny_run(), overwrite=True, show_progress=False)
     run = tmp_path / "run"
-    train(tiny_run(), run, show_progress=False)
+    train_run(run, tiny_run(), show_progress=False)
     (run / "checkpoints" / ".step-000004.k1ll3d.tmp").mkdir()  # what a kill during a checkpoint's write leaves
-    train(tiny_run(seed=3), run, overwrite=True, show_progress=False)  # its own files: replaced
+    train_run(run, tiny_run(seed=3), overwrite=True, show_progress=False)  # its own files: replaced
 
 
 def test_a_finished_run_whose_last_line_was_cut_resumes_to_its_real_end(tiny_run, tmp_path):
     run = tmp_path / "run"
-    done = train(tiny_run(), run, show_progress=False)
+    done = read_json(train_run(run, tiny_run(), show_progress=False))
     log = run / "train_log.jsonl"
     text = log.read_text()
     log.write_text(text[: text.rstrip("\n").rfind("\n") + 1] + text.rstrip("\n").rsplit("\n", 1)[1][:20])
-    again = train(tiny_run(), run, resume=True, show_progress=False)
+    again = read_json(train_run(run, tiny_run(), resume=True, show_progress=False))
     assert again["ppl_full"]["end"] == pytest.approx(done["ppl_full"]["end"], rel=1e-6)
     assert again["ppl_full"]["end"] != again["ppl_full"]["start"]
 

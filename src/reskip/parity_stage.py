@@ -9,6 +9,7 @@ import torch
 
 from .io_atomic import atomic_write_json
 from .runs import RunFolder
+from .stage_options import ParityOptions
 from .ar_retrofit.blocks import retrofit_blocks
 from .ar_retrofit.config import RetrofitConfig, check_rank
 from .ar_retrofit.parity import check_parity, tokenize_batch
@@ -35,11 +36,11 @@ def parity_of(model_name: str | None, dtype_name: str, config: RetrofitConfig, t
     return check_parity(model, tokenize_batch(tokenizer), config), model
 
 
-def parity_stage(run_dir: Path, model_name: str | None, config: RetrofitConfig,
-                 trust_remote_code: bool = False) -> dict:
-    """Parity in each dtype and the parameter report; writes RUN/parity.json and returns its content.
+def parity_run(run_dir, options: ParityOptions = ParityOptions()) -> Path:
+    """Parity in each dtype and the parameter report; writes RUN/parity.json and returns its path.
 
-    Exact parity is `all(r["equal"] for r in result["parity"])`; the caller decides what a failure means."""
+    Exact parity is `all(r["equal"] for r in parity["parity"])`; the caller decides what a failure means."""
+    model_name, config, trust_remote_code = options.model, options.retrofit, options.trust_remote_code
     name = model_name or DEFAULT_BACKBONE
     check_against_config(model_name, config, trust_remote_code)
     result = {"model": name, "parity": []}
@@ -51,5 +52,6 @@ def parity_stage(run_dir: Path, model_name: str | None, config: RetrofitConfig,
     result["params"] = count_params(model.config, config, name).to_dict()
     p = result["params"]
     print(f"[params] {p['new_params']:,} new / {p['backbone_params']:,} backbone = {p['percent']:.3f}% (rank {p['rank']})")
-    atomic_write_json(RunFolder(run_dir).parity, result)
-    return result
+    path = RunFolder(Path(run_dir)).parity
+    atomic_write_json(path, result)
+    return path

@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .backbones.dtypes import describe, resolve_dtype_name
-from .parity_stage import parity_stage
+from .parity_stage import parity_run
 from .data.sources import load_splits
 from .reading import is_finite_number, read_json
 from .memory import peak_rss_gib
-from .report.diagnose import diagnose
-from .report.html import build_report
+from .report.diagnose import diagnose_run
+from .report.html import report_run
 from .report.options import DiagnoseOptions
 from .errors import ReskipError, check_range
 from .evaluate.options import EvalOptions
@@ -29,43 +29,19 @@ from .io_atomic import atomic_write_json
 from .calibrate.options import CalibrateOptions
 from .skip.spec import METHOD_KINDS, parse_specs
 from .calibrate.stage import calibrate_run, format_policy
+from .skip.policy_file import PolicyFile
 from .train.checkpoint import latest_checkpoint
 from .train_config import TrainConfig
 from .train.log import format_summary
-from .train.loop import check_against_backbone, train
+from .train.loop import check_against_backbone, train_run
 from .run_lock import writing
 from .runs import RunFolder
+from .stage_options import PRESETS, ParityOptions
 
 HELDOUT = ("kjv",)  # `reskip.data.heldout`: a source no stage trains or calibrates on
 MC_METHODS = ("backbone", "retrofit", "reskip:budget=1")
 STAGES = ("parity", "train", "calibrate", "eval", "diagnose", "report")
 RETROFIT_KEYS = ("block_size", "rank", "boundaries", "skip_path", "shortcut_rank", "variant")
-
-PRESETS = {
-    # Fits in well under 20 minutes on a 2-core CPU with the bundled model: a smoke run of the
-    # whole pipeline, too short for the retrofit to learn much.
-    "quick": {"train": {"steps": 30, "batch_size": 4, "seq_len": 128, "eval_every": 10, "save_every": 10,
-                        "eval_sequences": 4},
-              "calibrate": {"sequences": 8}, "eval": {"sequences": 4, "mc_limit": 10, "chunk_size": 32},
-              "diagnose": {"sequences": 2, "sample_tokens": 64, "signal_sequences": 4, "probe_sequences": 8}},
-    # A screening budget between the two (the notebook's "medium"): 100 steps at the quick preset's
-    # batch (51k training tokens); for comparing settings, not for final figures.
-    "medium": {"train": {"steps": 100, "batch_size": 4, "seq_len": 128, "eval_every": 25, "save_every": 25,
-                         "eval_sequences": 8},
-               "calibrate": {"sequences": 16}, "eval": {"sequences": 8, "mc_limit": 20, "chunk_size": 32},
-               "diagnose": {"sequences": 2, "sample_tokens": 64, "signal_sequences": 8, "probe_sequences": 16}},
-    # The default recipe (TrainConfig defaults): 0.2M training tokens, about 8 minutes of training on a 2-core CPU
-    # with AMX in bfloat16 (19 in float32).
-    "standard": {"train": {}, "calibrate": {"sequences": 32}, "eval": {"sequences": 16, "mc_limit": 50, "chunk_size": 32},
-                 "diagnose": {"sequences": 4, "sample_tokens": 96, "signal_sequences": 8, "probe_sequences": 128}},
-}
-# The standard recipe at 4x and 10x its training tokens (same batch, peak learning rate, and c(t) and warm-up
-# over the same shares of the run; four validations spaced over it); every later stage as the standard's.
-for _name, _times in (("long", 4), ("large", 10)):
-    _steps = TrainConfig.steps * _times
-    PRESETS[_name] = {**PRESETS["standard"],
-                      "train": {"steps": _steps, "eval_every": _steps // 4, "save_every": _steps // 8}}
-
 
 @dataclass
 class PipelineConfig:
@@ -172,10 +148,10 @@ def _run_stages(run: RunFolder, config: PipelineConfig | None, resume: bool) -> 
     stages = {
         "parity": lambda: _parity(run, config),
         "train": lambda: _train(run, config),
-        "calibrate": lambda: print(format_policy(calibrate_run(run.root, config.calibrate_options())[0])),
+        "calibrate": lambda: print(format_policy(PolicyFile.load(calibrate_run(run.root, config.calibrate_options())))),
         "eval": lambda: _eval(run, config),
-        "diagnose": lambda: diagnose(run.root, config.diagnose_options()),
-        "report": lambda: build_report(run.root),
+        "diagnose": lambda: diagnose_run(run.root, config.diagnose_options()),
+        "report": lambda: report_run(run.root),
     }
     for i, stage in enumerate(STAGES, start=1):
         if stage in state["finished"]:
@@ -196,7 +172,7 @@ def _run_stages(run: RunFolder, config: PipelineConfig | None, resume: bool) -> 
 
 
 def _parity(run: RunFolder, config: PipelineConfig) -> None:
-    result = parity_stage(run.root, config.model, config.train_config().retrofit_config())
+    result = read_json(parity_run(run.root, ParityOptions(config.model, retrofit=config.train_config().retrofit_config())))
     if not all(r["equal"] for r in result["parity"]):
         raise ReskipError("step-zero parity is not exact: the retrofit at c = 0 differs from the backbone")
 
@@ -204,13 +180,13 @@ def _parity(run: RunFolder, config: PipelineConfig) -> None:
 def _train(run: RunFolder, config: PipelineConfig) -> None:
     # the pipeline owns its folder (pipeline.json says which run it is): training files of a stopped first
     # attempt without a checkpoint are its own, replaced
-    summary = train(config.train_config(), run.root, resume=latest_checkpoint(run.root) is not None, overwrite=True)
+    summary = train_run(run.root, config.train_config(), resume=latest_checkpoint(run.root) is not None, overwrite=True)
     if summary:
-        print(format_summary(summary))
+        print(format_summary(read_json(summary)))
 
 
 def _eval(run: RunFolder, config: PipelineConfig) -> None:
-    results, _ = evaluate_run(run.root, config.eval_options())
+    results = read_json(evaluate_run(run.root, config.eval_options()))
     print(markdown(results))
     bad = margin_violations(results)
     if bad:

@@ -2,64 +2,49 @@
 
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 
-from ..data.packing import pack
-from ..data.sources import load_splits
 from ..ar_retrofit.adapter_io import read_adapter_config
 from ..ar_retrofit.model_card import write_card
 from ..backbones.dtypes import describe, resolve_dtype_name
-from ..errors import ReskipError, check_range
+from ..config_fields import check_fields
+from ..data.packing import pack
+from ..errors import ReskipError
 from ..run_lock import writing
+from ..skip.policy_file import PolicyFile
+from ..stage_inputs import StageInputs, read_stage_inputs
 from .budget import calibrate_budgets
 from .calibration import calibrate
 from .options import CalibrateOptions
-from ..skip.policy_file import PolicyFile
-from ..skip.inference_run import check_positions, open_run, resolve_adapter
 
 
 def check_options(o: CalibrateOptions) -> None:
     """Refuse out-of-range options with one clear message, before anything loads."""
-    for flag, value, lo, hi in (("delta", o.delta, 0.0, None), ("quantile", o.quantile, 0.0, 1.0),
-                                ("window", o.window, 1, None), ("max-skips", o.max_skips, 0, None),
-                                ("sequences", o.sequences, 1, None), ("seq-len", o.seq_len, 8, None),
-                                ("chunk-size", o.chunk_size, 1, None)):
-        check_range(flag, value, lo, hi)
+    check_fields(o)
     resolve_dtype_name(o.dtype)  # an unknown name fails here
-    for b in o.budgets:
-        if not (isinstance(b, (int, float)) and b > 0 and math.isfinite(b)):
-            raise ReskipError(f"--budgets: every budget must be a number > 0 (blocks skipped per step), got {b!r}")
 
 
-def calibrate_run(run, options: CalibrateOptions = CalibrateOptions()) -> tuple[PolicyFile, Path]:
-    """Calibrate the run's adapter on its calibration split; write and return the policy file."""
+def calibrate_run(run, options: CalibrateOptions = CalibrateOptions()) -> Path:
+    """Calibrate the run's adapter on its calibration split; write the policy file and return its path."""
     check_options(options)
-    source = resolve_adapter(run)  # the data are read (and an empty split refused) before the model loads
-    source_specs = options.data or source.data_specs
-    splits, record = load_splits(source_specs)
-    if not splits["calib"]:
-        raise ReskipError(f"the calibration split of {source_specs} is empty: give more documents")
-    check_positions(source, options.seq_len or source.seq_len, options.model, options.trust_remote_code)
-    out = Path(options.out) if options.out else source.policy_path
+    inputs = read_stage_inputs(run, options, ("calib",))
+    out = Path(options.out) if options.out else inputs.source.policy_path
     if out.is_dir():
         raise ReskipError(f"--out {out} is a folder: give the policy file's path (e.g. {out / 'policy.json'})")
     # A policy file already there (another calibration, or one of the adapter before a retraining) is replaced.
     with writing(out.parent):
-        return _calibrate(run, options, source, source_specs, splits, record, out)
+        _calibrate(inputs, options, out)
+    return out
 
 
-def _calibrate(run, options: CalibrateOptions, source, source_specs: list[str], splits, record, out: Path
-               ) -> tuple[PolicyFile, Path]:
-    opened = open_run(run, model=options.model, dtype=options.dtype,
-                      trust_remote_code=options.trust_remote_code, use_policy=False)
-    seq_len = options.seq_len or source.seq_len
-    data = pack(opened.tokenizer, splits["calib"], seq_len, options.sequences, seed=0)
-    print(f"[calibrate] {len(data)} sequences x {seq_len} tokens from the calibration split of {source_specs}, "
-          f"in {describe(options.dtype)}", flush=True)
+def _calibrate(inputs: StageInputs, options: CalibrateOptions, out: Path) -> None:
+    opened = inputs.open(options, use_policy=False)
+    data = pack(opened.tokenizer, inputs.splits["calib"], inputs.seq_len, options.sequences, seed=0)
+    print(f"[calibrate] {len(data)} sequences x {inputs.seq_len} tokens from the calibration split of "
+          f"{inputs.data_specs}, in {describe(options.dtype)}", flush=True)
     policy = calibrate(opened.model, data, options.delta, options.quantile, options.window, options.max_skips,
-                       data_record={"specs": source_specs, "split": "calib", **record["splits"]["calib"]})
+                       data_record={"specs": inputs.data_specs, "split": "calib", **inputs.record["splits"]["calib"]})
     policy.data["calibration"]["dtype"] = opened.dtype
     if options.budgets:
         print(f"[calibrate] budget frontier at {', '.join(f'{b:g}' for b in options.budgets)} blocks per step "
@@ -73,13 +58,13 @@ def _calibrate(run, options: CalibrateOptions, source, source_specs: list[str], 
     if out.is_file():
         print(f"[calibrate] replacing {out}", flush=True)
     policy.save(out)
+    source = inputs.source
     if out == source.policy_path:  # the run's own policy: its adapter's model card gains the frontier
         params = sum(p.numel() for p in opened.model.side_channel.parameters())
         write_card(source.adapter_dir, read_adapter_config(source.adapter_dir), params, policy.data)
     for n in input_independent_eligible(policy):
         print(f"warning: block {n} is eligible but its signal is input-independent "
               f"({policy.blocks[n]['signal']['status']}); ReSkip will skip it as if at random", file=sys.stderr)
-    return policy, out
 
 
 def input_independent_eligible(policy: PolicyFile) -> list[int]:

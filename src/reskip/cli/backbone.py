@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..reading import read_json
 from ..runs import RunFolder
-from .common import dtype_flag, model_flags, retrofit_config, retrofit_flags
+from ..stage_options import ParityOptions
+from .common import dtype_flag, examples, model_flags, retrofit_config, retrofit_flags
 
 
 def _emit(result: dict, as_json: bool, lines: list[str]) -> None:
@@ -49,29 +51,32 @@ def cmd_params(args) -> int:
 
 
 def cmd_run_parity(args) -> int:
-    from ..parity_stage import parity_stage  # lazy: torch
+    from ..parity_stage import parity_run  # lazy: torch
 
-    result = parity_stage(Path(args.out), args.model, retrofit_config(args), args.trust_remote_code)
+    result = read_json(parity_run(Path(args.out), ParityOptions(args.model, args.trust_remote_code,
+                                                                retrofit_config(args))))
     print(f"wrote {RunFolder(args.out).parity}")
     return 0 if all(r["equal"] for r in result["parity"]) else 1
 
 
 def register(sub) -> None:
-    p = sub.add_parser("parity", help="check bit-exact parity with the backbone at c = 0")
+    p = sub.add_parser("parity", help="check bit-exact parity with the backbone at c = 0", **examples("parity"))
     model_flags(p)
     retrofit_flags(p)
     dtype_flag(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_parity)
 
-    p = sub.add_parser("params", help="count side-channel vs backbone parameters without loading weights")
+    p = sub.add_parser("params", help="count side-channel vs backbone parameters without loading weights",
+                       **examples("params"))
     p.add_argument("--backbone", required=True, help="shipped name (e.g. Qwen3-4B), config.json or model folder")
     retrofit_flags(p)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_params)
 
-    p = sub.add_parser("run-parity", help="pipeline stage: parity in fp32 + bf16 and parameters -> OUT/parity.json")
+    p = sub.add_parser("run-parity", help="pipeline stage: parity in fp32 + bf16 and parameters -> OUT/parity.json",
+                       **examples("run-parity"))
     model_flags(p)
     retrofit_flags(p)
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True, help="the run folder parity.json is written into (required)")
     p.set_defaults(func=cmd_run_parity)

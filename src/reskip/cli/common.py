@@ -7,16 +7,44 @@ Nothing here imports torch: `reskip --help` and `reskip report` must stay light.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from ..errors import ReskipError
 from ..ar_retrofit.config import VARIANTS, RetrofitConfig
-from ..config_fields import help_of
-from ..train_config import RECIPE_RETROFIT
+from ..config_fields import flag_of, help_of
+from ..stage_options import DTYPE_HELP, DTYPE_NAMES
+from ..stage_options import PRESETS as PRESET_BUDGETS
+from ..train_config import RECIPE_RETROFIT, TrainConfig
 
-DTYPES = ("auto", "float32", "bfloat16")  # `backbones.dtypes.DTYPE_NAMES`, without importing torch here
-# `pipeline.PRESETS` by name, without importing torch here: quick (a smoke run), medium (screening), standard
-# (the default recipe, 0.2M training tokens), long and large (the standard recipe at 4x and 10x the tokens)
-PRESETS = ("quick", "medium", "standard", "long", "large")
+PRESETS = tuple(PRESET_BUDGETS)
+
+# Every subcommand's --help ends with an example or two (torchtune's habit).
+EXAMPLES = {
+    "parity": "reskip parity                                   # the bundled backbone, float32\n"
+              "reskip parity --model HuggingFaceTB/SmolLM2-360M --dtype bfloat16 --json",
+    "params": "reskip params --backbone Qwen3-4B\nreskip params --backbone my-model/config.json --rank 128 --json",
+    "run-parity": "reskip run-parity --out runs/my-run",
+    "train": "reskip train --out runs/my-run                       # the default recipe on the bundled model and data\n"
+             "reskip train --config my.yaml --lr 1e-3 --out runs/r2  # a YAML file of training keys, a flag over it\n"
+             "reskip train --resume runs/my-run                      # continue from its last checkpoint",
+    "calibrate": "reskip calibrate --adapter runs/my-run\n"
+                 "reskip calibrate --adapter runs/my-run --delta 1.0 --budgets 0.5 1 2 --sequences 64",
+    "generate": "reskip generate \"Explain photosynthesis\" --adapter runs/my-run --policy reskip:budget=1\n"
+                "reskip generate \"Once upon a time\" --adapter runs/my-run --policy static:1 --sample --top-p 0.9",
+    "eval": "reskip eval --adapter runs/my-run\n"
+            "reskip eval --adapter runs/my-run --methods backbone retrofit static:1 reskip:budget=1 --heldout kjv "
+            "--benchmarks none",
+    "diagnose": "reskip diagnose runs/my-run\nreskip diagnose runs/my-run --signal-sequences 0 --sequences 8",
+    "report": "reskip report runs/my-run                 # RUN/report/report.html\n"
+              "reskip report runs/experiments            # every experiment in that folder",
+    "run": "reskip run --out runs/my-run                # the main job: the standard preset\n"
+           "reskip run --preset quick --out runs/smoke   # a smoke run of every stage\n"
+           "reskip run --resume runs/my-run              # continue from its last finished stage",
+    "experiment": "reskip experiment baselines --preset standard\n"
+                  "reskip experiment variants --preset medium --arms shortcut --out runs/exp",
+    "export": "reskip export runs/experiments/experiments/baselines/arms/healed-static-1@0.004 --out my-model",
+    "lab": "reskip lab runs/my-run                      # then open http://127.0.0.1:7860",
+}
 
 
 class Parser(argparse.ArgumentParser):
@@ -26,28 +54,39 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see: {self.prog} --help)\n")
 
 
+class RawEpilog(argparse.HelpFormatter):
+    """Help whose epilog (the examples) keeps its lines."""
+
+    def _fill_text(self, text, width, indent):
+        return "".join(indent + line for line in text.splitlines(keepends=True))
+
+
+def examples(command: str) -> dict:
+    """The keyword arguments of `add_parser` that end a subcommand's --help with its examples."""
+    return {"epilog": "examples:\n" + "\n".join("  " + x for x in EXAMPLES[command].splitlines()),
+            "formatter_class": RawEpilog}
+
+
 def model_flags(p: argparse.ArgumentParser, dtype: bool = False) -> None:
-    p.add_argument("--model", default=None, help="HF id, local folder or .gguf; default: the run's, else the "
-                                                 "bundled SmolLM2-135M-Instruct")
+    p.add_argument("--model", default=None, help="HF id, local folder or .gguf (default: the run's, else the "
+                                                 "bundled SmolLM2-135M-Instruct)")
     p.add_argument("--trust-remote-code", action="store_true", help="allow the model's own Python code to run")
     if dtype:
         dtype_flag(p)
 
 
 def dtype_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dtype", choices=DTYPES, default="auto",
-                   help="the backbone's compute dtype: auto (default) is bfloat16 on CUDA and on CPUs with AMX or "
-                        "AVX512-BF16, float32 elsewhere")
+    p.add_argument("--dtype", choices=DTYPE_NAMES, default="auto", help=f"{DTYPE_HELP} (default: auto)")
 
 
 BUDGET_FLAGS = ("steps", "batch_size", "seq_len", "lr")  # a preset's training budget, overridable by flag
 
 
 def budget_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--steps", type=int, default=None)
-    p.add_argument("--batch-size", type=int, default=None)
-    p.add_argument("--seq-len", type=int, default=None)
-    p.add_argument("--lr", type=float, default=None)
+    """The preset's training values, each overridable (TrainConfig's help text)."""
+    for name in BUDGET_FLAGS:
+        p.add_argument(flag_of(name), type=float if name == "lr" else int, default=None,
+                       help=f"{help_of(TrainConfig, name)} (default: the preset's)".replace("%", "%%"))
 
 
 def budget_values(args, names=BUDGET_FLAGS) -> dict:
@@ -57,21 +96,24 @@ def budget_values(args, names=BUDGET_FLAGS) -> dict:
 
 def retrofit_flags(p: argparse.ArgumentParser) -> None:
     """The retrofit's flags, each with RetrofitConfig's own help text."""
-    def text(name: str) -> str:
-        return help_of(RetrofitConfig, name).replace("%", "%%")
+    recipe = {**dataclasses.asdict(RetrofitConfig()), **RECIPE_RETROFIT}  # what training builds by default
 
-    p.add_argument("--block-size", type=int, default=None, help=text("block_size") + " (default 4)")
-    p.add_argument("--boundaries", default=None, help=text("boundaries") + "; as 4,8,12 (overrides --block-size)")
+    def text(name: str, extra: str = "") -> str:
+        value = recipe[name]
+        shown = "none" if value is None else ",".join(map(str, value)) if isinstance(value, list) else value
+        return f"{help_of(RetrofitConfig, name)}{extra} (default: {shown})".replace("%", "%%")
+
+    p.add_argument("--block-size", type=int, default=None, help=text("block_size"))
+    p.add_argument("--boundaries", default=None, help=text("boundaries", "; as 4,8,12 (overrides --block-size)"))
     p.add_argument("--rank", type=int, default=None, help=text("rank"))
-    p.add_argument("--skip-path", choices=("identity", "shortcut"), default=None,
-                   help=text("skip_path") + " (default: shortcut when training)")
+    p.add_argument("--skip-path", choices=("identity", "shortcut"), default=None, help=text("skip_path"))
     p.add_argument("--shortcut-rank", type=int, default=None, help=text("shortcut_rank"))
     p.add_argument("--variant", choices=VARIANTS, default=None, help=text("variant"))
     p.add_argument("--inner-lora", type=int, default=None, help=text("inner_lora"))
 
 
 def adapter_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--adapter", required=True, help="training run folder or adapter folder")
+    p.add_argument("--adapter", required=True, metavar="RUN", help="training run folder or adapter folder (required)")
 
 
 def parse_boundaries(text: str | None) -> list[int] | None:

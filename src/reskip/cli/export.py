@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import ReskipError
+from .common import examples
 
 
 def cmd_export(args) -> int:
@@ -23,8 +24,7 @@ def cmd_export(args) -> int:
 def register(sub) -> None:
     p = sub.add_parser("export", help="write a trained baseline (LoRA, or LoRA-healed static pruning) as a plain "
                                       "Hugging Face model: pruned layers removed, LoRA merged, config updated",
-                       description="Example: reskip export runs/experiments/experiments/baselines/arms/"
-                                   "healed-static-1@0.002 --out healed-model")
+                       **examples("export"))
     p.add_argument("run", help="a baseline arm's folder (config.yaml, adapter/)")
     p.add_argument("--out", required=True, help="the folder to write (replaced whole if it exists)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",

@@ -4,22 +4,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from .common import dtype_flag
 from ..reading import read_json
-from ..report.options import DiagnoseOptions
-from ..errors import ReskipError
-from ..runs import RunFolder
+from ..report.options import DiagnoseOptions, ReportOptions
+from .common import examples
+from .options import add_option_flags, options_from_args
 
 
 def cmd_diagnose(args) -> int:
-    from ..report.diagnose import diagnose  # lazy: torch
+    from ..report.diagnose import diagnose_run  # lazy: torch
 
-    path = diagnose(args.run, DiagnoseOptions(context=args.context, sequences=args.sequences,
-                                              sample_tokens=args.sample_tokens, signal_sequences=args.signal_sequences,
-                                              probe_sequences=args.probe_sequences,
-                                              model=args.model, dtype=args.dtype, out=args.out))
+    path = diagnose_run(args.run, options_from_args(DiagnoseOptions, args))
     d = read_json(path)
     print("routing health:")
     for r in d["routing_health"]:
@@ -45,40 +39,19 @@ def cmd_diagnose(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from ..report.html import build_report  # lazy: matplotlib
+    from ..report.html import report_run  # lazy: matplotlib
 
-    run = Path(args.run)
-    if not run.is_dir():
-        raise ReskipError(f"{run} is not a run folder")
-    files = RunFolder(run)
-    stage_files = (files.parity, files.train_log, files.policy, files.diagnostics, files.results)
-    if not any(p.is_file() for p in stage_files) and not files.experiments_dir.is_dir():
-        raise ReskipError(f"{run} holds no stage's files (parity.json, train_log.jsonl, policy.json, diagnostics.json, "
-                          "eval/results.json) and no experiments/: name a run folder (reskip run, train, or "
-                          "experiment --out)")
-    path = build_report(run, Path(args.out) if args.out else None)
-    print(f"wrote {path}")
+    print(f"wrote {report_run(args.run, options_from_args(ReportOptions, args))}")
     return 0
 
 
 def register(sub) -> None:
-    d = DiagnoseOptions()
-    p = sub.add_parser("diagnose", help="depth diagnostics of a run -> RUN/diagnostics.json")
-    p.add_argument("run")
-    p.add_argument("--model", default=None)
-    dtype_flag(p)
-    p.add_argument("--context", type=int, default=d.context, help="context length for the memory table")
-    p.add_argument("--sequences", type=int, default=d.sequences, help="test sequences for dilution")
-    p.add_argument("--sample-tokens", type=int, default=d.sample_tokens, help="tokens of the per-token skip trace")
-    p.add_argument("--signal-sequences", type=int, default=d.signal_sequences,
-                   help=f"test sequences of the signal test (0: skip it; default {d.signal_sequences})")
-    p.add_argument("--probe-sequences", type=int, default=d.probe_sequences,
-                   help="calibration sequences the signal test's cost probes (a ridge and an MLP on h_{n-1}) are "
-                        f"fitted on (0: no probe chooser; default {d.probe_sequences})")
-    p.add_argument("--out", help="the diagnostics file (default RUN/diagnostics.json)")
+    p = sub.add_parser("diagnose", help="depth diagnostics of a run -> RUN/diagnostics.json", **examples("diagnose"))
+    p.add_argument("run", help="a trained run folder (calibrated: the reading discipline, the trace, the signal test)")
+    add_option_flags(p, DiagnoseOptions)
     p.set_defaults(func=cmd_diagnose)
 
-    p = sub.add_parser("report", help="self-contained HTML report of a run (reads run files only)")
-    p.add_argument("run")
-    p.add_argument("--out", help="folder (default RUN/report)")
+    p = sub.add_parser("report", help="self-contained HTML report of a run (reads run files only)", **examples("report"))
+    p.add_argument("run", help="a run folder: reskip run, train, or experiment --out")
+    add_option_flags(p, ReportOptions, config_file=False)
     p.set_defaults(func=cmd_report)

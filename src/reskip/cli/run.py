@@ -7,7 +7,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .common import PRESETS, dtype_flag, budget_flags, budget_values, retrofit_flags, retrofit_values
+from ..stage_options import PRESET_HELP
+from .common import PRESETS, dtype_flag, examples, budget_flags, budget_values, retrofit_flags, retrofit_values
 from ..reading import read_json
 from ..train.log import format_summary
 from ..runs import RunFolder
@@ -45,11 +46,12 @@ def cmd_run(args) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("run", help="the main job: parity, training, calibration, evaluation, diagnostics, report")
-    p.add_argument("--out", help="run folder (default runs/run-<timestamp>)")
-    p.add_argument("--resume", metavar="RUN", help="continue RUN from its last finished stage and checkpoint")
-    p.add_argument("--preset", choices=PRESETS, default="standard")
-    p.add_argument("--model", default=None, help="backbone; default: bundled SmolLM2-135M-Instruct")
+    p = sub.add_parser("run", help="the main job: parity, training, calibration, evaluation, diagnostics, report",
+                       **examples("run"))
+    p.add_argument("--out", help="run folder (default: runs/run-<timestamp>)")
+    p.add_argument("--resume", metavar="RUN", help="continue RUN from its last finished stage and checkpoint (default: a new run)")
+    p.add_argument("--preset", choices=PRESETS, default="standard", help=f"{PRESET_HELP} (default: standard)")
+    p.add_argument("--model", default=None, help="backbone (default: the bundled SmolLM2-135M-Instruct)")
     p.add_argument("--data", nargs="+", default=None, help="training data specs (default: the bundled mix)")
     dtype_flag(p)
     budget_flags(p)
@@ -58,5 +60,7 @@ def register(sub) -> None:
                         "resident for about 11%% more training time (see Training)")
     retrofit_flags(p)
     p.add_argument("--delta", type=float, default=1.0,
-                   help="calibration: eligible when A(n) < 1 + delta (default 1.0, see the README)")
+                   help="calibration: a block is eligible for skipping when its ablation cost A(n) (perplexity with "
+                        "the block skipped / without) < 1 + delta; 1.0 admits every block whose skipping at most "
+                        "doubles perplexity (default: 1.0)")
     p.set_defaults(func=cmd_run)

@@ -4,34 +4,38 @@ Library imports happen inside the handlers (marked `lazy:`) so that `reskip --he
 
 from __future__ import annotations
 
-import dataclasses
-
 from ..errors import ReskipError, check_range
 from ..calibrate.options import CalibrateOptions
 from ..skip.spec import GRAMMAR, parse_spec
-from .common import adapter_flag, model_flags
+from .common import adapter_flag, examples, model_flags
+from .options import add_option_flags, options_from_args
+
+CALIBRATE_CONVERTERS = {"budgets": lambda values: parse_budgets(values)}
 
 
 def cmd_calibrate(args) -> int:
     from ..calibrate.stage import calibrate_run, format_policy  # lazy: torch
+    from ..skip.policy_file import PolicyFile  # lazy: torch
 
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(CalibrateOptions)}
-    options = CalibrateOptions(**{**values, "budgets": parse_budgets(args.budgets)})
-    policy, path = calibrate_run(args.adapter, options)
-    print(format_policy(policy))
+    path = calibrate_run(args.adapter, options_from_args(CalibrateOptions, args, CALIBRATE_CONVERTERS))
+    print(format_policy(PolicyFile.load(path)))
     print(f"wrote {path}")
     return 0
 
 
-def parse_budgets(text: str) -> tuple[float, ...]:
-    """"0.5,1,2" -> (0.5, 1.0, 2.0); "none" -> () (no frontier)."""
-    if text.strip().lower() == "none":
+def parse_budgets(values) -> tuple[float, ...]:
+    """["0.5,1,2"] or ["0.5", "1", "2"] or [0.5, 1, 2] (a YAML list) -> (0.5, 1.0, 2.0); ["none"] or [] -> ()
+    (no frontier)."""
+    if isinstance(values, (str, int, float)):
+        values = [values]
+    items = [x for v in values for x in (v.split(",") if isinstance(v, str) else [v])]
+    if [str(x).strip().lower() for x in items] in ([], ["none"]):
         return ()
-    try:  # the values' range is checked with the other options (`calibrate.stage.check_options`)
-        return tuple(float(x) for x in text.split(","))
+    try:  # the values' range is checked with the other options (their declared range)
+        return tuple(float(x) for x in items)
     except ValueError:
-        raise ReskipError(f"--budgets takes comma-separated numbers of blocks per step, e.g. 0.5,1,2 (or none); "
-                          f"got {text!r}") from None
+        raise ReskipError(f"takes numbers of blocks per step, e.g. 0.5,1,2 or 0.5 1 2 (or none); got "
+                          f"{' '.join(map(str, values))!r}") from None
 
 
 def cmd_generate(args) -> int:
@@ -65,37 +69,25 @@ def cmd_generate(args) -> int:
 
 
 def register(sub) -> None:
-    d = CalibrateOptions()
-    p = sub.add_parser("calibrate", help="calibrate a ReSkip policy (policy.json) on the calibration split")
+    p = sub.add_parser("calibrate", help="calibrate a ReSkip policy (policy.json) on the calibration split", **examples("calibrate"))
     adapter_flag(p)
-    model_flags(p, dtype=True)
-    p.add_argument("--data", nargs="+", help="data specs (default: the run's data); the calib split is used")
-    p.add_argument("--delta", type=float, default=d.delta, help=f"eligible when A(n) < 1 + delta (default {d.delta})")
-    p.add_argument("--quantile", type=float, default=d.quantile,
-                   help=f"tau_n = this quantile of w_recent(n) (default {d.quantile})")
-    p.add_argument("--window", type=int, default=d.window, help=f"W: tokens in w_recent (default {d.window})")
-    p.add_argument("--max-skips", type=int, default=d.max_skips,
-                   help=f"M_max: blocks skipped per step at most (default {d.max_skips})")
-    p.add_argument("--sequences", type=int, default=d.sequences, help=f"calibration sequences (default {d.sequences})")
-    p.add_argument("--seq-len", type=int, default=d.seq_len, help="default: the run's seq_len, else 256")
-    p.add_argument("--budgets", default=",".join(f"{b:g}" for b in d.budgets),
-                   help="budget frontier: target mean blocks skipped per step, comma-separated, or none "
-                        f"(default {','.join(f'{b:g}' for b in d.budgets)}); used by reskip:budget=B")
-    p.add_argument("--chunk-size", type=int, default=d.chunk_size,
-                   help=f"tokens per step when the budgets are measured, as reskip eval scores (default {d.chunk_size})")
-    p.add_argument("--out", help="policy file (default: RUN/policy.json)")
+    add_option_flags(p, CalibrateOptions, converters=CALIBRATE_CONVERTERS)
     p.set_defaults(func=cmd_calibrate)
 
-    p = sub.add_parser("generate", help="generate with a skip policy; prints blocks skipped per token")
-    p.add_argument("prompt")
+    p = sub.add_parser("generate", help="generate with a skip policy; prints blocks skipped per token",
+                       **examples("generate"))
+    p.add_argument("prompt", help="the text to answer (through the model's chat template unless --raw)")
     adapter_flag(p)
-    p.add_argument("--policy", default="reskip", help=f"{GRAMMAR}, or a policy.json")
+    p.add_argument("--policy", default="reskip", help=f"{GRAMMAR}, or a policy.json (default: reskip)")
     model_flags(p, dtype=True)
-    p.add_argument("--window", type=int, default=None, help="default: the policy's")
-    p.add_argument("--max-new-tokens", type=int, default=40)
+    p.add_argument("--window", type=int, default=None, help="W, tokens in w_recent (default: the policy file's)")
+    p.add_argument("--max-new-tokens", type=int, default=40, help="tokens generated at most (default: 40)")
     p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--temperature", type=float, default=1.0,
+                   help="with --sample: the logits are divided by it (default: 1.0)")
+    p.add_argument("--top-p", type=float, default=1.0,
+                   help="with --sample: nucleus sampling over the smallest set of tokens of this much probability "
+                        "(default: 1.0, every token)")
+    p.add_argument("--seed", type=int, default=0, help="the seed of sampling and of random skipping (default: 0)")
     p.add_argument("--raw", action="store_true", help="do not apply the chat template")
     p.set_defaults(func=cmd_generate)

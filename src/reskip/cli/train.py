@@ -13,10 +13,11 @@ from pathlib import Path
 import yaml
 
 from ..errors import ReskipError
+from ..reading import read_json
 from ..runs import RunFolder
 from ..train_config import TrainConfig, load_yaml
 from ..train.log import format_summary
-from .common import retrofit_flags, retrofit_values
+from .common import examples, retrofit_flags, retrofit_values
 
 OWN_FLAGS = ("model", "data", "retrofit")  # TrainConfig fields with a flag of their own shape
 
@@ -51,29 +52,31 @@ def train_config(args) -> TrainConfig:
 
 
 def cmd_train(args) -> int:
-    from ..train.loop import train  # lazy: torch
+    from ..train.loop import train_run  # lazy: torch
 
     cfg = train_config(args)
     cfg.validate()
     out = Path(args.resume or args.out or f"runs/train-{time.strftime('%Y%m%d-%H%M%S')}")
-    summary = train(cfg, out, resume=bool(args.resume), show_progress=not args.quiet, overwrite=args.overwrite)
+    summary = train_run(out, cfg, resume=bool(args.resume), show_progress=not args.quiet, overwrite=args.overwrite)
     if summary:
-        print(format_summary(summary))
+        print(format_summary(read_json(summary)))
         print(f"adapter: {RunFolder(out).adapter}   log: {RunFolder(out).train_log}")
     return 0
 
 
 def register(sub) -> None:
-    p = sub.add_parser("train", help="train the side-channel (three-term loss) on a frozen backbone")
-    p.add_argument("--config", help="YAML file with training keys (flags override it)")
-    p.add_argument("--out", help="run folder (default runs/train-<timestamp>)")
+    p = sub.add_parser("train", help="train the side-channel (three-term loss) on a frozen backbone",
+                       **examples("train"))
+    p.add_argument("--config", help="YAML file with training keys; flags override it (default: none, the recipe)")
+    p.add_argument("--out", help="run folder (default: runs/train-<timestamp>)")
     p.add_argument("--resume", metavar="RUN", help="continue RUN exactly from its last checkpoint (its own settings: "
-                                                   "flags that contradict them are refused)")
+                                                   "flags that contradict them are refused) (default: a new run)")
     p.add_argument("--overwrite", action="store_true",
                    help="train into --out even if it holds another run (its checkpoints, adapter and log are removed)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--model", default=None, help="backbone; default: bundled SmolLM2-135M-Instruct")
-    p.add_argument("--data", nargs="+", help="'default' (bundled mix), .txt/.jsonl files, folders, or HF dataset ids")
+    p.add_argument("--model", default=None, help="backbone (default: the bundled SmolLM2-135M-Instruct)")
+    p.add_argument("--data", nargs="+", help="'default' (the bundled mix), .txt/.jsonl files, folders, or HF dataset "
+                                             "ids (default: default)")
     for f in dataclasses.fields(TrainConfig):
         if f.name not in OWN_FLAGS:
             p.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, default=None, metavar="V",

@@ -1,10 +1,12 @@
-"""The evaluate stage's options: one typed object whose defaults are the CLI's (no torch here)."""
+"""The evaluate stage's options: one typed object, each field with its help, default and range (no torch here)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from ..skip.spec import METHOD_KINDS, Spec, parse_specs
+from ..config_fields import described
+from ..skip.spec import METHOD_GRAMMAR, METHOD_KINDS, Spec, parse_specs
+from ..stage_options import StageOptions
 
 # The budgeted frontier (when the policy file has one) and the source design's quantile rule at about one
 # block per step, each with static, influence and random at its measured mean skips.
@@ -17,26 +19,21 @@ def _specs(texts) -> list[Spec]:
 
 
 @dataclass
-class EvalOptions:
-    """methods / mc_methods: parsed specs (`skip.spec`). benchmarks: "mmlu", "bigbench:TASK"; empty:
-    no multiple choice. sequences x seq_len: test data (seq_len None: the run's, else 256), scored in
-    chunks of chunk_size tokens (one step per chunk). window None: the policy file's. out: folder
-    for results.json / results.md (None: RUN/eval). heldout: data specs of a source kept out of
-    training and calibration (e.g. ["kjv"]); every method is evaluated on its test split too."""
-
-    methods: list[Spec] = field(default_factory=lambda: _specs(DEFAULT_METHODS))
-    benchmarks: list[str] = field(default_factory=lambda: ["mmlu"])
-    mc_methods: list[Spec] = field(default_factory=lambda: _specs(DEFAULT_MC_METHODS))
-    mc_limit: int = 50
-    sequences: int = 16
-    seq_len: int | None = None
-    chunk_size: int = 32
-    window: int | None = None
-    seed: int = 0
-    data: list[str] | None = None
-    model: str | None = None
-    dtype: str = "auto"  # the backbone's compute dtype: auto (bfloat16 on fast hardware), float32, bfloat16
-    trust_remote_code: bool = False
-    out: str | None = None
-    quiet: bool = False
-    heldout: list[str] | None = None
+class EvalOptions(StageOptions):
+    data: list[str] | None = described(None, "data specs (None: the run's own); the test split is used")
+    sequences: int = described(16, "test sequences (and held-out ones)", low=1)
+    out: str | None = described(None, "the folder of results.json and results.md (None: RUN/eval)")
+    methods: list[Spec] = described(default_factory=lambda: _specs(DEFAULT_METHODS),
+                                    help=f"the methods scored side by side: {METHOD_GRAMMAR}")
+    benchmarks: list[str] = described(default_factory=lambda: ["mmlu"],
+                                      help="multiple choice: mmlu and/or bigbench:TASK (e.g. bigbench:social_iqa); "
+                                           "empty (or none): no multiple choice")
+    mc_methods: list[Spec] = described(default_factory=lambda: _specs(DEFAULT_MC_METHODS),
+                                       help="the methods the multiple-choice benchmarks are answered with")
+    mc_limit: int = described(50, "questions per benchmark (a deterministic sample)", low=1)
+    chunk_size: int = described(32, "tokens per step when scoring (one skip decision per block and step)", low=1)
+    window: int | None = described(None, "W, tokens in w_recent (None: the policy file's)", low=1)
+    seed: int = described(0, "the seed of random skipping and of the benchmark sample")
+    quiet: bool = described(False, "no progress bar")
+    heldout: list[str] | None = described(None, "data specs of a source kept out of training and calibration "
+                                                "(e.g. kjv): every method on its test split too (the policy's drift)")

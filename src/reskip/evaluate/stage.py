@@ -25,10 +25,11 @@ from tqdm.auto import tqdm
 from ..data.packing import pack
 from ..data.sources import load_splits
 from ..backbones.dtypes import describe, resolve_dtype_name
-from ..errors import ReskipError, check_range
+from ..config_fields import check_fields
+from ..errors import ReskipError
 from ..io_atomic import atomic_write_json, atomic_write_text
-from ..skip.inference_run import check_positions, open_run, resolve_adapter
 from ..skip.spec import METHOD_KINDS, parse_specs
+from ..stage_inputs import read_stage_inputs
 from .methods import evaluate_methods, parse_methods
 from .multiple_choice import load_benchmark, mc_accuracy
 from .options import EvalOptions
@@ -36,28 +37,22 @@ from .tables import markdown
 
 
 def check_options(o: EvalOptions) -> None:
-    for flag, value in (("window", o.window), ("chunk-size", o.chunk_size), ("sequences", o.sequences),
-                        ("mc-limit", o.mc_limit)):
-        check_range(flag, value, 1)
-    check_range("seq-len", o.seq_len, 8)
+    check_fields(o)
     resolve_dtype_name(o.dtype)  # an unknown name fails here
 
 
-def evaluate_run(run, options: EvalOptions = EvalOptions()) -> tuple[dict, Path]:
-    """Evaluate the run's methods; write results.json and results.md; return (results, folder).
+def evaluate_run(run, options: EvalOptions = EvalOptions()) -> Path:
+    """Evaluate the run's methods; write results.json and results.md; return results.json's path.
     Check `margin_violations(results)`: it must be empty."""
     check_options(options)
-    source = resolve_adapter(run)
+    inputs = read_stage_inputs(run, options, ("test",))
+    source, specs = inputs.source, inputs.data_specs
     policy_file = source.policy()
     # The methods are built from the policy file before anything heavy loads, so a bad one fails first;
     # open_run then checks that policy file against the loaded model.
     methods = parse_methods(options.methods, policy_file, options.seed)
     mc_methods = parse_methods(options.mc_methods, policy_file, options.seed) if options.benchmarks else []
     questions = {b: load_benchmark(b, options.mc_limit, options.seed) for b in options.benchmarks}
-    specs = options.data or source.data_specs
-    splits, record = load_splits(specs)
-    if not splits["test"]:
-        raise ReskipError(f"the test split of {specs} is empty")
     if options.heldout:
         if set(options.heldout) & set(specs):
             raise ReskipError(f"--heldout {options.heldout} is part of the evaluation data {specs}: a held-out "
@@ -65,12 +60,10 @@ def evaluate_run(run, options: EvalOptions = EvalOptions()) -> tuple[dict, Path]
         heldout_splits, heldout_record = load_splits(list(options.heldout))
         if not heldout_splits["test"]:
             raise ReskipError(f"the test split of the held-out data {options.heldout} is empty")
-    check_positions(source, options.seq_len or source.seq_len, options.model, options.trust_remote_code)
-    opened = open_run(run, model=options.model, dtype=options.dtype, window=options.window,
-                      seed=options.seed, trust_remote_code=options.trust_remote_code)
+    opened = inputs.open(options, window=options.window, seed=options.seed)
     model, tok, window = opened.model, opened.tokenizer, opened.window
-    seq_len = options.seq_len or source.seq_len
-    data = pack(tok, splits["test"], seq_len, options.sequences, seed=0)
+    seq_len, record = inputs.seq_len, inputs.record
+    data = pack(tok, inputs.splits["test"], seq_len, options.sequences, seed=0)
 
     def run_methods(packed, method_list, desc: str) -> dict[str, dict]:
         bar = tqdm(total=len(packed), desc=desc, unit="seq", disable=options.quiet)
@@ -114,7 +107,7 @@ def evaluate_run(run, options: EvalOptions = EvalOptions()) -> tuple[dict, Path]
     folder = Path(options.out) if options.out else source.files.eval_dir
     atomic_write_json(folder / "results.json", out)
     atomic_write_text(folder / "results.md", markdown(out))
-    return out, folder
+    return folder / "results.json"
 
 
 def frontier_of(results: dict, n_blocks: int) -> list[dict]:

@@ -22,12 +22,13 @@ from ..report.diagnostics import spearman
 from ..runs import RunFolder
 from ..calibrate.options import CalibrateOptions
 from ..skip.inference_run import open_run
+from ..skip.policy_file import PolicyFile
 from ..analysis.signal_test import signal_test
 from ..calibrate.stage import calibrate_run
 from ..train.checkpoint import latest_checkpoint
 from ..train_config import TrainConfig
 from ..train.log import read_log, records
-from ..train.loop import train
+from ..train.loop import train_run
 
 ARM_FILE = "arm.json"
 
@@ -85,11 +86,12 @@ def run_arm(arm: Arm, base: TrainConfig, folder: Path, measure: Measure, show=pr
         return result
     show(f"[{arm.name}] training {cfg.steps} steps x {cfg.batch_size} x {cfg.seq_len} tokens")
     # the experiment owns the arm folder: a first attempt stopped before its first checkpoint is replaced
-    train(cfg, folder, resume=latest_checkpoint(folder) is not None, show_progress=False, overwrite=True)
+    train_run(folder, cfg, resume=latest_checkpoint(folder) is not None, show_progress=False, overwrite=True)
     t_train = time.perf_counter() - t0
     show(f"[{arm.name}] calibrating on {measure.calib_sequences} sequences")
-    policy, _ = calibrate_run(folder, CalibrateOptions(sequences=measure.calib_sequences, budgets=measure.budgets,
-                                                       chunk_size=measure.chunk_size, dtype=cfg.dtype))
+    options = CalibrateOptions(sequences=measure.calib_sequences, budgets=measure.budgets,
+                               chunk_size=measure.chunk_size, dtype=cfg.dtype)
+    policy = PolicyFile.load(calibrate_run(folder, options))
     opened = open_run(folder, dtype=cfg.dtype)
     model = opened.model
     n_blocks = model.n_blocks

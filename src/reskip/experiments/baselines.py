@@ -51,7 +51,7 @@ from ..skip.spec import METHOD_KINDS, parse_specs
 from ..calibrate.stage import calibrate_run
 from ..train_config import TrainConfig
 from ..train.log import read_log, records
-from ..train.loop import train
+from ..train.loop import train_run
 from ..train.checkpoint import latest_checkpoint
 from .baselines_tables import RECIPE_ROWS, SPLITS, VARIANT_ROWS, claims, intervals, tables, variant_row, verdict
 from .options import ExperimentOptions
@@ -187,7 +187,7 @@ def _train_arm(method: str, cfg: TrainConfig, where: Path, target: int, costs: B
                 cfg, dtype=resolve_dtype_name(cfg.dtype)).to_dict():
             raise ReskipError(f"{where} holds a recipe run of other settings (its config.yaml differs): remove it")
         if not files.summary.is_file():
-            train(cfg, where, resume=latest_checkpoint(where) is not None, show_progress=progress, overwrite=True)
+            train_run(where, cfg, resume=latest_checkpoint(where) is not None, show_progress=progress, overwrite=True)
         s = read_json(files.summary)
         params = count_params(load_config(cfg.model, cfg.trust_remote_code), cfg.retrofit_config()).new_params
         return {"method": method, "lr": cfg.lr, "val_ppl": s["ppl_full"]["end"], "val_ppl_backbone": s["ppl_backbone"],

@@ -1,8 +1,12 @@
-"""The experiments' options: one typed object (no torch here, so the CLI reads the defaults cheaply)."""
+"""The experiments' options: one typed object, each field with its help, default and range (no torch here, so the
+CLI builds its flags from them cheaply)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from ..config_fields import described
+from ..stage_options import DTYPE_HELP, DTYPE_NAMES, PRESET_HELP, PRESETS
 
 EXPERIMENTS = ("variants", "block-size", "mix", "placement", "scale", "baselines")
 # The second source document's instance: 48 layers of d = 4096 at 4,096 tokens in bf16, 256 MiB of depth states.
@@ -11,34 +15,34 @@ SOURCE_BUDGET_BYTES = 256 * 2**20
 
 @dataclass
 class ExperimentOptions:
-    """preset: the pipeline preset whose training budget every arm gets (`pipeline.PRESETS`).
-    model, data: the backbone and data specs (None: the bundled model; the bundled mix).
-    overrides: TrainConfig values for every arm (and RetrofitConfig keys by name), on top of the preset.
-    calib_sequences / test_sequences: calibration and test sequences per arm (None: the preset's).
-    boundaries: explicit block starts, one more arm of `block-size`.
-    arms: run only these arms now (names or their folder slugs; `scale`: presets; None: every arm). results.json is written
-        once every arm of the experiment has finished, in this process or another sharing `out`.
-    budget_bytes / context / dtype_bytes: `placement`'s memory budget and the user's model's context
-        (None: its max_position_embeddings, capped at 8,192) and state width in bytes.
-    lrs: `baselines`' learning-rate sweep, the same for every method (None: 0.5, 1 and 2 x the recipe's lr).
-    variants: `baselines` also trains and measures these of the recipe's variants (side+lora, full-teacher; an
-        empty list: both; None: neither)."""
-
-    name: str = "variants"
-    preset: str = "quick"
-    model: str | None = None
-    data: list[str] = field(default_factory=lambda: ["default"])
-    out: str | None = None
-    seed: int = 0
-    overrides: dict = field(default_factory=dict)
-    calib_sequences: int | None = None
-    test_sequences: int | None = None
-    boundaries: list[int] | None = None
-    arms: list[str] | None = None
-    budget_bytes: int = SOURCE_BUDGET_BYTES
-    context: int | None = None
-    dtype_bytes: int = 2
-    lrs: list[float] | None = None  # baselines: the learning-rate sweep of every method (None: 0.5, 1, 2 x the recipe's)
-    variants: list[str] | None = None  # baselines: the recipe's variants beside the methods ([]: every one)
-    dtype: str = "auto"  # the backbone's compute dtype in every arm (auto: bfloat16 where the hardware is fast)
-    quiet: bool = False
+    name: str = described("variants", "the experiment", choices=EXPERIMENTS)
+    preset: str = described("quick", "the training budget of every arm, one of the pipeline's presets (`scale`'s "
+                                     "arms are presets themselves): " + PRESET_HELP, choices=tuple(PRESETS))
+    model: str | None = described(None, "the backbone (None: the bundled SmolLM2-135M-Instruct)")
+    data: list[str] = described(default_factory=lambda: ["default"], help="data specs (default: the bundled mix)")
+    out: str | None = described(None, "the run folder OUT/experiments/NAME is written into; `reskip report OUT` "
+                                      "shows every experiment there (None: runs/experiments)")
+    seed: int = described(0, "the seed of every arm's training and data")
+    overrides: dict = described(default_factory=dict, help="TrainConfig values for every arm (and RetrofitConfig "
+                                                           "keys by name), on top of the preset")
+    calib_sequences: int | None = described(None, "calibration sequences per arm (None: the preset's)", low=1)
+    test_sequences: int | None = described(None, "test sequences per arm, for the signal test (None: twice the "
+                                                 "preset's diagnose sequences)", low=1)
+    boundaries: list[int] | None = described(None, "explicit block starts: one more arm of `block-size`")
+    arms: list[str] | None = described(
+        None, "run only these arms now (names, e.g. 'dialogue only', or folder names, dialogue-only), e.g. one "
+              "process per core; results.json is written once every arm of the experiment has finished, in this "
+              "process or another sharing OUT; `scale`: presets among standard, long, large (None: every arm)")
+    budget_bytes: int = described(SOURCE_BUDGET_BYTES, "placement: the depth-state memory budget in bytes (the "
+                                                       "second source document's 256 MiB)", low=1)
+    context: int | None = described(None, "placement: your context length (None: the model's, at most 8,192)",
+                                    low=1)
+    dtype_bytes: int = described(2, "placement: bytes per state value (2: bfloat16)", low=1)
+    lrs: list[float] | None = described(None, "baselines: the learning rates every method is trained at, the best "
+                                              "on validation kept (None: 0.5, 1 and 2 x the recipe's)", low=1e-12)
+    variants: list[str] | None = described(
+        None, "baselines: also these of the recipe's variants at the same total trainable parameters (empty: both; "
+              "None: neither): side+lora (the side-channel at half its rank and a LoRA inside the blocks) and "
+              "full-teacher (the skip branch distilled toward the full path)")
+    dtype: str = described("auto", DTYPE_HELP + ", in every arm", choices=DTYPE_NAMES)
+    quiet: bool = described(False, "print only the results")

@@ -7,19 +7,19 @@ from pathlib import Path
 
 import torch
 
-from ..backbones.dtypes import describe
+from ..backbones.dtypes import describe, resolve_dtype_name
 from ..backbones.loading import DEFAULT_BACKBONE
+from ..config_fields import check_fields
 from ..data.packing import pack
-from ..data.sources import load_splits
-from ..errors import check_range
 from ..io_atomic import atomic_write_json
 from ..ar_retrofit.blocks import inclusive_ranges
 from ..skip.window import sliding_mean
-from ..skip.inference_run import DEFAULT_WINDOW, open_run
+from ..skip.inference_run import DEFAULT_WINDOW
 from ..analysis.signal_health import signal_health
 from ..analysis.cost_probe import fit_probes
 from ..analysis.signal_test import signal_test
 from ..skip.spec import parse_spec
+from ..stage_inputs import read_stage_inputs
 from ..train.log import last_eval
 from .diagnostics import dilution, memory_table, reading_discipline, routing_health, token_trace
 from .options import DiagnoseOptions
@@ -27,17 +27,16 @@ from .options import DiagnoseOptions
 SOURCE_INSTANCE = {"n_layers": 48, "hidden_size": 4096, "context": 4096, "dtype_bytes": 2, "block_size": 12}
 
 
-def diagnose(run, options: DiagnoseOptions = DiagnoseOptions()) -> Path:
-    for flag, value, lo in (("context", options.context, 1), ("sequences", options.sequences, 1),
-                            ("sample-tokens", options.sample_tokens, 1), ("signal-sequences", options.signal_sequences, 0),
-                            ("probe-sequences", options.probe_sequences, 0)):
-        check_range(flag, value, lo)
-    opened = open_run(run, model=options.model, dtype=options.dtype)
+def diagnose_run(run, options: DiagnoseOptions = DiagnoseOptions()) -> Path:
+    """The depth diagnostics of `run` -> its diagnostics.json (returned)."""
+    check_fields(options)
+    resolve_dtype_name(options.dtype)  # an unknown name fails here
+    inputs = read_stage_inputs(run, options, ("test", "calib") if options.probe_sequences else ("test",))
+    opened = inputs.open(options)
     print(f"[diagnose] in {describe(options.dtype)}", flush=True)
     source, model, tok, policy = opened.source, opened.model, opened.tokenizer, opened.policy_file
-    context, sample_tokens = options.context, options.sample_tokens
-    splits, _ = load_splits(source.data_specs)
-    data = pack(tok, splits["test"], source.seq_len, options.sequences, seed=1)
+    context, sample_tokens, splits, seq_len = options.context, options.sample_tokens, inputs.splits, inputs.seq_len
+    data = pack(tok, splits["test"], seq_len, options.sequences, seed=1)
     cfg = model.base_model.config
     result = {"model": source.model_name or DEFAULT_BACKBONE, "dtype": opened.dtype, "n_blocks": model.n_blocks,
               "blocks": inclusive_ranges(model.blocks)}
@@ -72,10 +71,10 @@ def diagnose(run, options: DiagnoseOptions = DiagnoseOptions()) -> Path:
         result["sample_trace"] = trace
         eligible = sorted(policy.eligible())
         if eligible and options.signal_sequences:
-            test = pack(tok, splits["test"], source.seq_len, options.signal_sequences, seed=0)  # eval's sequences
+            test = pack(tok, splits["test"], seq_len, options.signal_sequences, seed=0)  # eval's sequences
             probes = None
             if options.probe_sequences:  # fitted on the calibration split; chosen on a held-out part of it
-                calib = pack(tok, splits["calib"], source.seq_len, options.probe_sequences, seed=0)
+                calib = pack(tok, splits["calib"], seq_len, options.probe_sequences, seed=0)
                 probes = fit_probes(model, calib, eligible, window)
             st = signal_test(model, test, eligible, window, probes=probes)
             by_block = {b["block"]: b for b in policy.data["blocks"]}

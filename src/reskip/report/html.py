@@ -12,11 +12,13 @@ import base64
 import html
 from pathlib import Path
 
+from ..errors import ReskipError
 from ..io_atomic import atomic_write, atomic_write_text
 from ..reading import read_json
 from ..runs import RunFolder
 from ..train.log import read_log
 from .experiments import experiment_sections
+from .options import ReportOptions
 from .tables import html_table as _table
 from .tables import fmt as _fmt
 from .figures import (fig_dilution, fig_frontier, fig_importance, fig_memory, fig_routing, fig_signal_test,
@@ -57,10 +59,18 @@ class Page:
                  f"src='data:image/png;base64,{b64}'><figcaption>{html.escape(caption)}</figcaption></figure>")
 
 
-def build_report(run_dir: Path, out: Path | None = None) -> Path:
+def report_run(run_dir, options: ReportOptions = ReportOptions()) -> Path:
+    """The run's files -> a self-contained HTML page (returned); reads run files only (no model)."""
     run_dir = Path(run_dir)
     run = RunFolder(run_dir)
-    page = Page(Path(out) if out else run.report_dir)
+    if not run_dir.is_dir():
+        raise ReskipError(f"{run_dir} is not a run folder")
+    stage_files = (run.parity, run.train_log, run.policy, run.diagnostics, run.results)
+    if not any(p.is_file() for p in stage_files) and not run.experiments_dir.is_dir():
+        raise ReskipError(f"{run_dir} holds no stage's files (parity.json, train_log.jsonl, policy.json, "
+                          "diagnostics.json, eval/results.json) and no experiments/: name a run folder (reskip run, "
+                          "train, or experiment --out)")
+    page = Page(Path(options.out) if options.out else run.report_dir)
     missing = []
     for present, section, what in (
             (_load(run.parity), parity_section, "parity (reskip run, stage parity)"),

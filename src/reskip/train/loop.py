@@ -103,20 +103,22 @@ class TrainingRun:
                 self.accelerator.log(scalars(rec), step=rec["step"])
 
 
-def train(
-    cfg: TrainConfig,
+def train_run(
     run_dir: Path,
+    cfg: TrainConfig,
     resume: bool = False,
     on_step_end: Callable[[int, ReskipModel], None] | None = None,
     show_progress: bool = True,
     overwrite: bool = False,
-) -> dict:
-    """Train into `run_dir` (config.yaml, splits.json, train_log.jsonl, checkpoints/, adapter/, summary.json).
+) -> Path | None:
+    """Train into `run_dir` (config.yaml, splits.json, train_log.jsonl, checkpoints/, adapter/, summary.json);
+    returns summary.json's path (None in the other processes of a data-parallel job, where rank 0 writes).
 
     A folder that holds another training run is refused unless `overwrite` (its training files are then
     removed); `resume` continues the folder's own run, and settings that contradict it are refused."""
     with writing(Path(run_dir)):
-        return _train(cfg, Path(run_dir), resume, on_step_end, show_progress, overwrite)
+        summary = _train(cfg, Path(run_dir), resume, on_step_end, show_progress, overwrite)
+    return RunFolder(run_dir).summary if summary else None
 
 
 def _train(cfg: TrainConfig, run_dir: Path, resume: bool, on_step_end, show_progress: bool, overwrite: bool) -> dict:
