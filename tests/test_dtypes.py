@@ -188,3 +188,22 @@ def test_progress_in_a_log_file_is_a_line_with_the_time_left():
     assert len(lines) == 4 and "\r" not in stream.getvalue()
     assert lines[0].startswith("[train] 1/4 steps,") and "left" in lines[0] and "(loss=1.000)" in lines[0]
     assert lines[-1].startswith("[train] 4/4 steps,") and "left 0:00" in lines[-1]
+
+
+def test_the_time_left_counts_the_work_set_aside():
+    """Validations between steps stay out of the rate per step, and the ones still to come are in the time left."""
+    stream = io.StringIO()
+    p = Progress(10, "train", every_s=0.0, stream=stream)
+    p.t0 -= 100.0  # 100 s elapsed: 60 s of it validating, after 4 steps of 10 s
+    p.done = 4
+    p.set_aside(60.0, left_s=120.0)
+    assert "10.00 s/step" in p.line(p.t0 + 100.0, {}) and "left 3:00" in p.line(p.t0 + 100.0, {})  # 6 x 10 + 120
+
+
+def test_training_counts_the_validations_it_still_runs():
+    from reskip.train.loop import validations_after
+    from reskip.train_config import TrainConfig
+
+    cfg = TrainConfig(steps=100, eval_every=25)
+    assert [validations_after(s, cfg) for s in (0, 24, 25, 99, 100)] == [4, 4, 3, 1, 0]
+    assert validations_after(0, TrainConfig(steps=10, eval_every=3)) == 4  # 3, 6, 9 and the last

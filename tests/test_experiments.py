@@ -193,9 +193,20 @@ def test_report_shows_every_experiment_of_the_folder(tiny):
     assert (out / "report" / "experiment_variants_curves.png").is_file()
 
 
+def test_every_experiment_is_one_module_behind_one_table():
+    import inspect
+
+    from reskip.experiments.options import EXPERIMENTS
+    from reskip.experiments.stage import MODULES
+
+    assert tuple(MODULES) == EXPERIMENTS
+    for name, module in MODULES.items():
+        assert list(inspect.signature(module.run).parameters) == ["options", "folder", "show"], name
+
+
 def test_arms_get_ten_validations_unless_told():
     from reskip.experiments.options import ExperimentOptions
-    from reskip.experiments.stage import _base
+    from reskip.experiments.arm_set import base_config as _base
 
     assert _base(ExperimentOptions(preset="quick"), check=False).eval_every == 3  # 30 steps
     assert _base(ExperimentOptions(preset="standard"), check=False).eval_every == 10  # 100 steps

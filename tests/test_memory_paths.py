@@ -147,14 +147,14 @@ def test_validation_one_sequence_at_a_time_gives_the_batchs_figures():
     """With chunked losses the training loop validates one sequence at a time (no (B, T, V) logits held):
     every logged figure is the batched one's, to float32 rounding."""
     from reskip.data.packing import Packed
-    from reskip.train.validation import evaluate
+    from reskip.train.validation import validation_metrics
 
     rm = _model("llama")
     ids, _ = batch(pad=False, bsz=4, seq=12)
     labels = ids.clone()
     labels[1, :4] = -100
     data = Packed(ids, labels, ["x"] * 4)
-    whole, one = evaluate(rm, data, batch_size=4), evaluate(rm, data, batch_size=1)
+    whole, one = validation_metrics(rm, data, batch_size=4), validation_metrics(rm, data, batch_size=1)
 
     def flat(d, prefix=""):
         out = {}

@@ -58,6 +58,18 @@ def test_calibration_measures_every_block(tiny_policy):
     pf.check_model(rm)
 
 
+def test_every_kind_is_in_one_table_and_builds_from_it():
+    """The grammar, its help and the parsing come from `spec.KINDS`; every policy kind has its builder."""
+    from reskip.skip.policy_file import BUILDERS
+    from reskip.skip.spec import GRAMMAR, KINDS, METHOD_GRAMMAR, METHOD_KINDS, POLICY_KINDS, grammar_help
+
+    assert set(BUILDERS) == set(POLICY_KINDS) | {"retrofit"}
+    assert set(METHOD_KINDS) == set(KINDS) and set(POLICY_KINDS) < set(METHOD_KINDS)
+    assert all(KINDS[k].syntax in GRAMMAR for k in POLICY_KINDS) and all(KINDS[k].syntax in METHOD_GRAMMAR for k in KINDS)
+    assert all(KINDS[k].help in grammar_help(METHOD_KINDS) for k in KINDS)
+    assert GRAMMAR == "none, reskip[:Q[:M]], reskip:budget=B[:held], static:K, influence:K, sequence:K, random:P"
+
+
 def test_policies_from_specs(tiny_policy):
     rm, pf, _ = tiny_policy
     assert isinstance(make_policy(parse_spec("none"), None), NoSkip)

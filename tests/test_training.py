@@ -300,7 +300,7 @@ def test_validation_keeps_the_backbones_states_and_gives_the_same_figures(family
     later ones run no backbone pass, and every figure equals validation without it (and the backbone's own
     logits), Gemma's soft-cap included."""
     from reskip.data.packing import Packed
-    from reskip.train.validation import evaluate
+    from reskip.train.validation import validation_metrics
 
     model = tiny_model(family)
     if family == "gemma3":
@@ -310,14 +310,14 @@ def test_validation_keeps_the_backbones_states_and_gives_the_same_figures(family
     labels = ids.clone()
     labels[0, :3] = -100
     data = Packed(ids, labels, ["a"] * 3)
-    plain = evaluate(rm, data, batch_size=2)
+    plain = validation_metrics(rm, data, batch_size=2)
     kept = {}
-    first = evaluate(rm, data, batch_size=2, teacher_states=kept)
+    first = validation_metrics(rm, data, batch_size=2, teacher_states=kept)
     assert sorted(kept) == [(0, 2), (2, 2)] and kept[(0, 2)].shape == (2, 12, rm.base_model.config.hidden_size)
     entered = []
     original = type(rm).side_channel_disabled
     monkeypatch.setattr(type(rm), "side_channel_disabled", lambda self: (entered.append(1), original(self))[1])
-    second = evaluate(rm, data, batch_size=2, teacher_states=kept)
+    second = validation_metrics(rm, data, batch_size=2, teacher_states=kept)
     assert not entered  # no backbone pass: its states were read back
     assert plain == first == second
     ce_b, kl_f = _reference_validation(rm, data, 2)
@@ -476,7 +476,7 @@ def test_validation_measures_each_blocks_skip_on_the_data():
     """skip_ppl: the perplexity with block k skipped (the skip branch), on the validation targets."""
     from reskip.data.packing import Packed
     from reskip.losses import ce_sum
-    from reskip.train.validation import evaluate
+    from reskip.train.validation import validation_metrics
 
     rm = retrofit(tiny_model("llama", init_std=0.3), RetrofitConfig(block_size=2, rank=8, up_init_std=0.3,
                                                                      skip_path="shortcut"))
@@ -484,7 +484,7 @@ def test_validation_measures_each_blocks_skip_on_the_data():
     ids = torch.randint(3, 90, (3, 12), generator=torch.Generator().manual_seed(1))
     labels = ids.clone()
     labels[0, :4] = -100
-    out = evaluate(rm, Packed(ids, labels, ["x"] * 3), batch_size=2)
+    out = validation_metrics(rm, Packed(ids, labels, ["x"] * 3), batch_size=2)
     n = int((labels[:, 1:] != -100).sum())
     with torch.no_grad():
         for k in (2, 3):

@@ -36,6 +36,7 @@ from .train.log import format_summary
 from .train.loop import check_against_backbone, train_run
 from .run_lock import writing
 from .runs import RunFolder
+from .run_files import read_run_file, stamped
 from .stage_options import PRESETS, ParityOptions
 
 HELDOUT = ("kjv",)  # `reskip.data.heldout`: a source no stage trains or calibrates on
@@ -89,8 +90,8 @@ def _state(run: RunFolder) -> dict:
     """pipeline.json, its fields checked (a list of finished stages, a table of timings, the settings a resume
     reads), or a fresh state."""
     if not run.pipeline.is_file():
-        return {"finished": [], "timings": {}}
-    state = read_json(run.pipeline)
+        return stamped("pipeline.json", {"finished": [], "timings": {}})
+    state = read_run_file(run.pipeline)
 
     def need(cond: bool, what: str) -> None:
         if not cond:
@@ -113,9 +114,8 @@ def _state(run: RunFolder) -> dict:
 
 def config_of(state: dict) -> PipelineConfig:
     """The PipelineConfig a pipeline.json records."""
-    # a run recorded without a dtype ran in float32, the only compute dtype there was
     return PipelineConfig(state["preset"], state["model"], state["data"], state.get("overrides", {}), state["delta"],
-                          state.get("dtype", "float32"))
+                          state["dtype"])
 
 
 def run_pipeline(run_dir: Path, config: PipelineConfig | None = None, resume: bool = False) -> dict:

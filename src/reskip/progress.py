@@ -29,6 +29,7 @@ class Progress:
         self.stream = stream or sys.stderr
         self.start_done, self.t0 = initial, time.monotonic()
         self.last_line = self.t0
+        self.aside, self.aside_left = 0.0, 0.0  # seconds of other work done between units, and still to come
         interactive = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
         self.bar = tqdm(total=total, initial=initial, desc=desc, unit=unit, file=self.stream) if interactive else None
 
@@ -47,12 +48,19 @@ class Progress:
             self.stream.write(self.line(now, postfix) + "\n")
             self.stream.flush()
 
+    def set_aside(self, spent_s: float, left_s: float) -> None:
+        """Other work done between units (training's validations): `spent_s` more seconds of it, kept out of the
+        rate per unit, and `left_s` the expected seconds of it still to come, counted in the time left."""
+        self.aside += spent_s
+        self.aside_left = left_s
+
     def line(self, now: float, postfix: dict) -> str:
-        """'[train] 40/100 steps, 5.2 s/step, elapsed 3:28, left 5:12 (loss=3.1)'."""
+        """'[train] 40/100 steps, 5.2 s/step, elapsed 3:28, left 5:12 (loss=3.1)'; the time left counts the other
+        work still to come (`set_aside`)."""
         elapsed = now - self.t0
         run = self.done - self.start_done
-        per = elapsed / run if run else float("nan")
-        left = per * (self.total - self.done) if run else float("nan")
+        per = (elapsed - self.aside) / run if run else float("nan")
+        left = per * (self.total - self.done) + self.aside_left if run else float("nan")
         extra = "" if not postfix else " (" + ", ".join(f"{k}={v}" for k, v in postfix.items()) + ")"
         rate = f"{per:.2f} s/{self.unit}" if per == per else "-"
         left_text = _clock(left) if left == left else "-"
@@ -62,3 +70,9 @@ class Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+    def __enter__(self) -> "Progress":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -20,6 +20,7 @@ signal test's rate 0.5) is refitted on the whole split and kept.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -157,8 +158,9 @@ def fit_probe(states: torch.Tensor, costs: torch.Tensor, labelled: torch.Tensor,
 
 @torch.no_grad()
 def fit_probes(model: ReskipModel, data: Packed, blocks: list[int], window: int, batch_size: int = 4,
-               seed: int = 0) -> dict[int, Probe]:
-    """Per block in `blocks`: a probe fitted on `data` (the calibration split); w_recent over `window` tokens."""
+               seed: int = 0, progress: Callable[[int], None] | None = None) -> dict[int, Probe]:
+    """Per block in `blocks`: a probe fitted on `data` (the calibration split); w_recent over `window` tokens.
+    progress: called with the number of sequences after each batch."""
     was_training = model.training
     model.eval()
     states = {n: [] for n in blocks}
@@ -171,6 +173,8 @@ def fit_probes(model: ReskipModel, data: Packed, blocks: list[int], window: int,
             w = sliding_mean(full.alphas[n][..., -1].float(), window)  # (B, T)
             states[n].append(probe_features(cap, w, n))
             costs[n].append(cost[n])
+        if progress is not None:
+            progress(len(ids))
     model.train(was_training)
     mask = torch.cat(labelled)
     return {n: fit_probe(torch.cat(states[n]), torch.cat(costs[n]), mask, seed) for n in blocks}

@@ -24,6 +24,7 @@ finds cheaper positions than alpha").
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 
@@ -49,10 +50,11 @@ def choose_positions(scores: torch.Tensor, k: int) -> torch.Tensor:
 
 @torch.no_grad()
 def signal_test(model: ReskipModel, data: Packed, blocks: list[int], window: int, rates=RATES,
-                batch_size: int = 4, seed: int = 0, n_boot: int = 1000, probes: dict[int, Probe] | None = None
-                ) -> dict:
+                batch_size: int = 4, seed: int = 0, n_boot: int = 1000, probes: dict[int, Probe] | None = None,
+                progress: Callable[[int], None] | None = None) -> dict:
     """Per block in `blocks` (each n >= 2) and rate: perplexity ratio to the full model for each chooser.
-    probes: block -> its fitted cost probe (`cost_probe.fit_probes` on the calibration split), one more chooser."""
+    probes: block -> its fitted cost probe (`cost_probe.fit_probes` on the calibration split), one more chooser.
+    progress: called with the number of sequences after each batch."""
     was_training = model.training
     model.eval()
     choosers = CHOOSERS + (("probe",) if probes else ())
@@ -78,6 +80,8 @@ def signal_test(model: ReskipModel, data: Packed, blocks: list[int], window: int
                     with model.continuing(cap, n - 1), model.skipping_positions({n: mask}):
                         logits = model(input_ids=ids, use_cache=False).logits
                     nll[(n, p, chooser)].append(ce_tokens(logits, labels).sum(1))
+        if progress is not None:
+            progress(len(ids))
     model.train(was_training)
 
     full_s = torch.cat(full_nll).double().numpy()

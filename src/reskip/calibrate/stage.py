@@ -94,7 +94,7 @@ def format_policy(policy: PolicyFile) -> str:
             shares = ", ".join(f"{n}:{blk['fraction']:.2f}" for n, blk in p["blocks"].items())
             lines.append(f"{p['budget']:<7g} {p['chosen']:<7} {p['measured']['mean_skipped']:<20.3f} "
                          f"{p['measured']['ppl_ratio']:<10.4f} {st_txt:<21} {shares}")
-    wall = policy.data["calibration"].get("wall_s")  # absent in policy files written before it was recorded
+    wall = policy.data["calibration"]["wall_s"]  # None: an upgraded file that did not record it
     if wall is not None:
         parts = [f"blocks {wall:.1f} s"]
         if budgets and "curves_wall_s" in budgets:

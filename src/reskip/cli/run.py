@@ -31,7 +31,7 @@ def cmd_run(args) -> int:
     out = Path(args.resume or args.out or f"runs/run-{time.strftime('%Y%m%d-%H%M%S')}")
     t = time.time()
     state = run_pipeline(out, config, resume=bool(args.resume))
-    print(f"\nfinished {len(state['finished'])} stages in {time.time() - t:.0f} s this session: "
+    print(f"\nfinished {len(state['finished'])} stages in {time.time() - t:.0f} s in this process: "
           + ", ".join(f"{k} {v:.0f}s" for k, v in state["timings"].items()))
     if state.get("peak_rss_gib"):  # the process's high-water mark after each stage: where it rose holds the peak
         print("peak resident memory after each stage (GiB): "

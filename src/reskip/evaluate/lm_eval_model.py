@@ -7,9 +7,9 @@ loading by run folder. In a batch, all sequences share one skip decision per ste
 
 lm-eval 0.4.13 has no plug-in discovery for model names: its own mechanism is `register_model`,
 which this module calls when it is imported. So `reskip-lm-eval` (this module's `main`, the same
-arguments as `lm_eval`) runs the harness with `--model reskip`, and in Python `import
-reskip.evaluate.lm_eval_model` makes `lm_eval.simple_evaluate(model="reskip", ...)` work (or hand
-it a `ReskipLM` instance). Nothing runs at interpreter start: installing reskip adds no .pth file.
+arguments as `lm_eval`) runs the harness with `--model reskip`; in Python, hand
+`lm_eval.simple_evaluate` a `ReskipLM` instance. Nothing runs at interpreter start: installing
+reskip adds no .pth file.
 """
 
 from __future__ import annotations

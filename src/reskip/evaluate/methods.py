@@ -44,27 +44,39 @@ def parse_methods(specs: list[Spec], policy_file: PolicyFile | None, seed: int =
     """Methods from parsed specs (`parse_spec(text, METHOD_KINDS)`); a method is named as its spec
     was written. `budgets` becomes reskip:budget=B for each budget of the policy file's frontier;
     `matched` is expanded later, once ReSkip's mean skips are known."""
-    out = []
+    out: list[Method] = []
     for spec in specs:
-        if spec.kind == "budgets":
-            if policy_file is None:
-                raise ReskipError("method 'budgets' needs policy.json: run `reskip calibrate` first")
-            if not policy_file.budgets():
-                print("note: the policy file has no budget frontier, so 'budgets' adds no method "
-                      "(calibrate with --budgets to store one)", file=sys.stderr)
-            out += [Method(f"reskip:budget={b:g}", policy_file.budget(b)) for b in policy_file.budgets()
-                    if f"reskip:budget={b:g}" not in {m.name for m in out}]
-            continue
-        if spec.kind in ("backbone", "matched"):
-            out.append(Method(spec.text, None))
-            continue
-        if spec.needs_policy_file and policy_file is None:
-            raise ReskipError(f"method {spec.text!r} needs policy.json: run `reskip calibrate` first")
-        try:
-            out.append(Method(spec.text, make_policy(spec, policy_file, seed)))
-        except ReskipError as e:
-            raise ReskipError(f"{e} (methods: {METHOD_GRAMMAR})") from e
+        taken = {m.name for m in out}
+        out += [m for m in METHODS.get(spec.kind, _policy_method)(spec, policy_file, seed) if m.name not in taken]
     return out
+
+
+def _budget_methods(spec: Spec, policy_file: PolicyFile | None, seed: int) -> list[Method]:
+    if policy_file is None:
+        raise ReskipError("method 'budgets' needs policy.json: run `reskip calibrate` first")
+    if not policy_file.budgets():
+        print("note: the policy file has no budget frontier, so 'budgets' adds no method "
+              "(calibrate with --budgets to store one)", file=sys.stderr)
+    return [Method(f"reskip:budget={b:g}", policy_file.budget(b)) for b in policy_file.budgets()]
+
+
+def _placeholder(spec: Spec, policy_file: PolicyFile | None, seed: int) -> list[Method]:
+    return [Method(spec.text, None)]
+
+
+def _policy_method(spec: Spec, policy_file: PolicyFile | None, seed: int) -> list[Method]:
+    if spec.needs_policy_file and policy_file is None:
+        raise ReskipError(f"method {spec.text!r} needs policy.json: run `reskip calibrate` first")
+    try:
+        return [Method(spec.text, make_policy(spec, policy_file, seed))]
+    except ReskipError as e:
+        raise ReskipError(f"{e} (methods: {METHOD_GRAMMAR})") from e
+
+
+# The method-only kinds of `spec.KINDS` (every policy kind is its policy): `budgets` is one method per point of
+# the policy file's frontier; `backbone` runs with the side-channel off; `matched` is expanded once ReSkip's mean
+# skips are known.
+METHODS = {"budgets": _budget_methods, "backbone": _placeholder, "matched": _placeholder}
 
 
 def matched_methods(policy_file: PolicyFile, mean_skips: float, seed: int = 0) -> list[Method]:

@@ -11,7 +11,8 @@ at 4 layers skipped."""
 
 from __future__ import annotations
 
-from .arms import Arm
+from .arm_set import ArmSet, run_arms
+from .arms import Arm, Measure
 from .record import claim
 
 SIZES = (2, 3, 4, 6)
@@ -68,3 +69,22 @@ def frontier_table(arms: dict) -> list[str]:
         out.append(f"| {n} | {a['n_blocks']} | {a['params']:,} | "
                    + " | ".join("-" if t not in f else f"{f[t]:.3f}" for t in targets) + " |")
     return out
+
+
+def _left_out(n_layers: int, n_blocks: int) -> str | None:
+    if n_blocks < 3:  # a size this model is too shallow for
+        return f"{n_blocks} blocks of {n_layers} layers: no middle block to skip or route"
+    return None
+
+
+def _measure(calib: int, test: int, n_layers: int, n_blocks: int) -> Measure:
+    """The frontier at the budgets that skip LAYER_TARGETS layers; no signal test (sizes compare on compute)."""
+    return Measure(calib, test, budgets=budgets_for(n_layers, n_blocks), signal=False)
+
+
+def run(options, folder, show=print) -> dict | None:
+    """Every size (and the given boundaries), trained side by side (`arm_set.run_arms`)."""
+    tables = lambda results: {"Skip frontier in layers (ppl / retrofit, calibration split)": frontier_table(results)}
+    arm_set = ArmSet(arms=lambda options, base: arms_for(options.boundaries), claims=claims, tables=tables,
+                     measure=_measure, left_out=_left_out)
+    return run_arms(arm_set, options, folder, show)

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from statistics import median
 
+from ..data.sources import load_splits
+from ..errors import ReskipError
+from .arm_set import ArmSet, run_arms
 from .arms import Arm, beats_random, middle_blocks
 from .record import claim
 
@@ -63,3 +66,17 @@ def entropy_table(arms: dict) -> list[str]:
             cells.append("-" if r is None else f"{r:.3f}")
         out.append(f"| {n} | " + " | ".join(cells) + " |")
     return out
+
+
+def _arms(options, base) -> list[Arm]:
+    _, record = load_splits(base.data)
+    parts = sorted(record["splits"]["train"]["by_source"])
+    if len(parts) < 2:
+        raise ReskipError(f"the data {base.data} has one part ({parts}): `mix` needs a mix of sources")
+    return arms_for(parts)
+
+
+def run(options, folder, show=print) -> dict | None:
+    """The whole mix and each of its parts, trained side by side (`arm_set.run_arms`)."""
+    tables = lambda results: {"Entropy share per block (H / log n, last validation)": entropy_table(results)}
+    return run_arms(ArmSet(arms=_arms, claims=claims, tables=tables), options, folder, show)

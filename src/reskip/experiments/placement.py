@@ -16,15 +16,18 @@ not, how well the states a router at the requesting layer may read reconstruct i
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from .. import compat
 from ..backbones.loading import load_backbone, load_config
 from ..data.packing import pack
 from ..data.sources import load_splits
+from ..errors import ReskipError
 from ..pipeline import PRESETS
 from ..report.diagnose import SOURCE_INSTANCE
-from ..train_config import TrainConfig
+from .arm_set import base_config, header
 from .options import SOURCE_BUDGET_BYTES, ExperimentOptions
 from .record import claim
 
@@ -146,8 +149,11 @@ def answer_incident(train: torch.Tensor, test: torch.Tensor, kept: list[int]) ->
     return out
 
 
-def run(options: ExperimentOptions, base: TrainConfig, header: dict, show=print) -> dict:
-    """Budgets, placements and the probe on the user's backbone and data (the base config's)."""
+def run(options: ExperimentOptions, folder: Path, show=print) -> dict:
+    """Budgets, placements and the probe on the user's backbone and data (the preset's config; nothing trains)."""
+    if options.arms:
+        raise ReskipError("`placement` has no arms (it trains nothing): drop --arms")
+    base = base_config(options, check=False)
     cfg = load_config(base.model, base.trust_remote_code)
     L, d = cfg.num_hidden_layers, cfg.hidden_size
     context = options.context or min(getattr(cfg, "max_position_embeddings", 4096) or 4096, 8192)
@@ -180,7 +186,7 @@ def run(options: ExperimentOptions, base: TrainConfig, header: dict, show=print)
                           "mean_r2_copy": _mean([r["r2_copy"] for r in dropped]),
                           "incident": answer_incident(train_states, test_states, kept)}
         settings[label] = {"k": min(k, L + 1), "placements": rows}
-    out = header | {
+    out = header(options, base) | {
         "budget": None, "budget_bytes": options.budget_bytes,
         "this_model": {"n_layers": L, "hidden_size": d, "context": context, "dtype_bytes": options.dtype_bytes,
                        "state_bytes": context * d * options.dtype_bytes, "feasible_states": min(k_user, L + 1)},

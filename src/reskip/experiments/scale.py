@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from ..backbones.loading import DEFAULT_BACKBONE
-from ..reading import read_json
+from ..run_files import read_run_file
 from .record import claim
 from ..errors import ReskipError
 from ..pipeline import PipelineConfig, config_of, run_pipeline
@@ -67,7 +67,7 @@ def results(folder: Path) -> dict | None:
     """Every finished arm under `folder`/arms, measured from its files; None when there is none."""
     arms = {}
     for path in sorted((Path(folder) / "arms").glob("*/pipeline.json")):
-        state = read_json(path)
+        state = read_run_file(path)
         if "report" in state.get("finished", []):
             arms[path.parent.name] = measure_arm(path.parent)
     if not arms:
@@ -81,7 +81,7 @@ def results(folder: Path) -> dict | None:
 
 
 def _read(path: Path) -> dict:
-    return read_json(path)
+    return read_run_file(path)
 
 
 def measure_arm(root: Path) -> dict:

@@ -22,6 +22,7 @@ than random at choosing positions to skip."""
 from __future__ import annotations
 
 from ..report.diagnostics import spearman
+from .arm_set import ArmSet, run_arms
 from .arms import Arm, beats_random
 from .record import claim
 
@@ -105,3 +106,8 @@ def claims(arms: dict) -> list[dict]:
 
 def _fmt(x) -> str:
     return "n/a" if x is None else f"{x:.2f}"
+
+
+def run(options, folder, show=print) -> dict | None:
+    """The four variants, trained side by side (`arm_set.run_arms`)."""
+    return run_arms(ArmSet(arms=lambda options, base: ARMS, claims=claims), options, folder, show)

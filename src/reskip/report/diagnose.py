@@ -3,6 +3,7 @@ run -> RUN/diagnostics.json."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import torch
@@ -18,6 +19,8 @@ from ..skip.inference_run import DEFAULT_WINDOW
 from ..analysis.signal_health import signal_health
 from ..analysis.cost_probe import fit_probes
 from ..analysis.signal_test import signal_test
+from ..progress import Progress
+from ..run_files import stamped
 from ..skip.spec import parse_spec
 from ..stage_inputs import read_stage_inputs
 from ..train.log import last_eval
@@ -33,13 +36,20 @@ def diagnose_run(run, options: DiagnoseOptions = DiagnoseOptions()) -> Path:
     resolve_dtype_name(options.dtype)  # an unknown name fails here
     inputs = read_stage_inputs(run, options, ("test", "calib") if options.probe_sequences else ("test",))
     opened = inputs.open(options)
-    print(f"[diagnose] in {describe(options.dtype)}", flush=True)
+    t0 = time.monotonic()
+
+    def say(what: str) -> None:  # one line per part, with the time so far: the stage is never silent for long
+        if not options.quiet:
+            print(f"[diagnose] {what} (elapsed {time.monotonic() - t0:.0f} s)", flush=True)
+
+    say(f"in {describe(options.dtype)}")
     source, model, tok, policy = opened.source, opened.model, opened.tokenizer, opened.policy_file
     context, sample_tokens, splits, seq_len = options.context, options.sample_tokens, inputs.splits, inputs.seq_len
     data = pack(tok, splits["test"], seq_len, options.sequences, seed=1)
     cfg = model.base_model.config
     result = {"model": source.model_name or DEFAULT_BACKBONE, "dtype": opened.dtype, "n_blocks": model.n_blocks,
               "blocks": inclusive_ranges(model.blocks)}
+    say(f"dilution, memory and routing health on {len(data)} test sequences x {seq_len} tokens")
     result["dilution"] = dilution(model, data.input_ids)
     starts = [b.start for b in model.blocks]
     result["memory"] = {
@@ -62,6 +72,7 @@ def diagnose_run(run, options: DiagnoseOptions = DiagnoseOptions()) -> Path:
     result["signal_health"] = {"split": "test", "sequences": len(data), "window": window, "blocks": signal}
     result["mean_alpha"] = mean_alpha
     if policy is not None:
+        say(f"the reading discipline and a {sample_tokens}-token skip trace")
         result["reading_discipline"] = reading_discipline(policy)
         ids = data.input_ids[:1, :sample_tokens]
         trace = token_trace(model, ids, policy.make(parse_spec("reskip")), policy.data["window"])
@@ -75,12 +86,14 @@ def diagnose_run(run, options: DiagnoseOptions = DiagnoseOptions()) -> Path:
             probes = None
             if options.probe_sequences:  # fitted on the calibration split; chosen on a held-out part of it
                 calib = pack(tok, splits["calib"], seq_len, options.probe_sequences, seed=0)
-                probes = fit_probes(model, calib, eligible, window)
-            st = signal_test(model, test, eligible, window, probes=probes)
+                with Progress(len(calib), "diagnose: cost probes", unit="seq", enabled=not options.quiet) as bar:
+                    probes = fit_probes(model, calib, eligible, window, progress=bar.update)
+            with Progress(len(test), "diagnose: signal test", unit="seq", enabled=not options.quiet) as bar:
+                st = signal_test(model, test, eligible, window, probes=probes, progress=bar.update)
             by_block = {b["block"]: b for b in policy.data["blocks"]}
             for row in st["blocks"]:  # beside I(n) and A(n), as the report shows them
                 row.update(A=by_block[row["block"]]["A"], I=by_block[row["block"]]["I"])
             result["signal_test"] = st
     path = Path(options.out) if options.out else source.files.diagnostics
-    atomic_write_json(path, result)
+    atomic_write_json(path, stamped("diagnostics.json", result))
     return path

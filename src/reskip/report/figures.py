@@ -163,7 +163,7 @@ def fig_dilution(d):
 
 def fig_memory(mem):
     fig, axes = plt.subplots(1, 2, figsize=(12, 3.6))
-    for ax, table, title in ((axes[0], mem["this_model"][0], "this model"), (axes[1], mem.get("source_instance", mem.get("seed_instance")), "48 layers, d=4096 (source design)")):
+    for ax, table, title in ((axes[0], mem["this_model"][0], "this model"), (axes[1], mem["source_instance"], "48 layers, d=4096 (source design)")):
         names = [r["granularity"] for r in table["rows"]]
         ax.barh(names, [r["mib"] for r in table["rows"]], color="tab:green")
         for i, r in enumerate(table["rows"]):
@@ -213,7 +213,7 @@ def fig_frontier(results):
 
 def fig_signal_test(st):
     rows = [r for r in st["blocks"] if r["p"] == max(st["rates"])]
-    # older files measured four choosers; a run with probes has six
+    # a run without cost probes has no probe chooser
     choosers = [c for c in ("signal", "probe", "reverse", "position", "random", "oracle") if c in rows[0]["ppl_ratio"]]
     colors = {"signal": "tab:blue", "probe": "tab:orange", "reverse": "tab:purple", "position": "tab:brown",
               "random": "tab:gray", "oracle": "tab:green"}

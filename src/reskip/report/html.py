@@ -14,8 +14,8 @@ from pathlib import Path
 
 from ..errors import ReskipError
 from ..io_atomic import atomic_write, atomic_write_text
-from ..reading import read_json
 from ..runs import RunFolder
+from ..run_files import read_run_file
 from ..train.log import read_log
 from .experiments import experiment_sections
 from .options import ReportOptions
@@ -26,7 +26,10 @@ from .figures import (fig_dilution, fig_frontier, fig_importance, fig_memory, fi
 
 
 def _load(path: Path):
-    return read_json(path) if path.is_file() else None
+    """A run file, or None when the stage has not run; the kinds with older versions are upgraded."""
+    if not path.is_file():
+        return None
+    return read_run_file(path)
 
 
 # ---- page ---------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ class DiagnoseOptions(StageOptions):
     context: int = described(4096, "context length of the depth-state memory table", low=1)
     sample_tokens: int = described(96, "tokens of the per-token skip trace", low=1)
     signal_sequences: int = described(8, "test sequences of the signal test (0: not run)", low=0)
+    quiet: bool = described(False, "no progress lines")
     probe_sequences: int = described(
         128, "calibration sequences the signal test's cost probes (a ridge and an MLP on h_{n-1}, "
              "`analysis.cost_probe`) are fitted on (0: no probe chooser)", low=0)

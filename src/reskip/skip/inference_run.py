@@ -24,7 +24,7 @@ from ..ar_retrofit.model import ReskipModel, load_adapter
 from ..runs import RunFolder
 from ..train_config import TrainConfig
 from .policies import SkipPolicy
-from .policy_file import PolicyFile, dense_if_uncalibrated, make_policy
+from .policy_file import BUILDERS, PolicyFile, dense_if_uncalibrated, make_policy
 from .spec import Spec
 
 DEFAULT_WINDOW = 1
@@ -130,7 +130,7 @@ def open_run(path, specs: Sequence[Spec] = (), *, model: str | None = None, dtyp
     if dense_fallback:
         specs = [dense_if_uncalibrated(s, policy_file, source.adapter_dir) for s in specs]
     for s in specs:  # a bad spec fails here, before the model loads
-        if s.kind not in ("backbone", "retrofit", "matched"):
+        if s.kind in BUILDERS:
             make_policy(s, policy_file, seed)
     rm, tokenizer = load_retrofitted(source, model, dtype, trust_remote_code)
     if policy_file is not None:

@@ -19,12 +19,13 @@ import numpy as np
 from ..errors import ReskipError
 from ..io_atomic import atomic_write_json
 from ..reading import is_finite_number, read_json
+from ..run_files import upgraded, version_of
 from ..ar_retrofit.adapter_io import fingerprint
 from ..ar_retrofit.model import ReskipModel
 from .policies import HeldReSkip, NoSkip, RandomSkip, ReSkip, SequenceSkip, SkipPolicy, StaticSkip
 from .spec import GRAMMAR, PolicyError, Spec
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = version_of("policy.json")
 
 
 def side_channel_digest(model: ReskipModel) -> str:
@@ -63,6 +64,10 @@ class PolicyFile:
             raise PolicyError(str(e)) from None
         if not isinstance(data, dict):
             raise PolicyError(f"{path} is not a policy file (a JSON object written by `reskip calibrate`)")
+        try:
+            data = upgraded("policy.json", data, path)  # a policy file of an older reskip, under today's names
+        except ReskipError as e:
+            raise PolicyError(str(e)) from None
         policy = cls(data, path)
         policy.validate()
         return policy
@@ -130,7 +135,7 @@ class PolicyFile:
             raise PolicyError(f"{self.path}: calibrated for another backbone (differs in {', '.join(diffs)}); recalibrate")
         if self.data["adapter"].get("side_channel_digest") != side_channel_digest(model):
             raise PolicyError(f"{self.path}: calibrated for another adapter; run `reskip calibrate` for this one")
-        saved_forward = self.data["adapter"].get("forward_config")  # absent from files written before it was kept
+        saved_forward = self.data["adapter"]["forward_config"]  # None: an upgraded file that did not keep it
         if saved_forward is not None and saved_forward != forward_config(model):
             diffs = [k for k, v in forward_config(model).items() if saved_forward.get(k) != v]
             raise PolicyError(f"{self.path}: calibrated for this adapter's weights under other settings (differs in "
@@ -244,22 +249,25 @@ def dense_if_uncalibrated(spec: Spec, policy: PolicyFile | None, where) -> Spec:
     return spec
 
 
+# The policy each kind of `spec.KINDS` builds (a spec, the policy file, a seed -> a policy); `retrofit` is the
+# method name of `none`. The kinds that need a policy file get one (checked before).
+BUILDERS = {
+    "none": lambda spec, policy, seed: NoSkip(),
+    "retrofit": lambda spec, policy, seed: NoSkip(),
+    "reskip": lambda spec, policy, seed: (policy.budget(spec.budget, spec.held) if spec.budget is not None
+                                          else policy.reskip(spec.quantile, spec.max_skips)),
+    "static": lambda spec, policy, seed: policy.static(spec.k),
+    "influence": lambda spec, policy, seed: policy.influence(spec.k),
+    "sequence": lambda spec, policy, seed: policy.sequence(spec.k),
+    "random": lambda spec, policy, seed: RandomSkip(spec.p, policy.eligible(), seed, name=f"random:{spec.p}"),
+}
+
+
 def make_policy(spec: Spec, policy: PolicyFile | None, seed: int = 0) -> SkipPolicy:
-    """The policy of a parsed spec (policy kinds only: none, reskip, static, influence, sequence, random)."""
-    if spec.kind in ("none", "retrofit"):
-        return NoSkip()
-    if not spec.needs_policy_file:
+    """The policy of a parsed spec (the kinds of `BUILDERS`)."""
+    build = BUILDERS.get(spec.kind)
+    if build is None:
         raise PolicyError(f"{spec.text!r} is not a skip policy; valid: {GRAMMAR}")
-    if policy is None:
+    if spec.needs_policy_file and policy is None:
         raise PolicyError(f"policy {spec.text!r} needs a calibrated policy.json (run `reskip calibrate`)")
-    if spec.kind == "reskip" and spec.budget is not None:
-        return policy.budget(spec.budget, spec.held)
-    if spec.kind == "reskip":
-        return policy.reskip(spec.quantile, spec.max_skips)
-    if spec.kind == "static":
-        return policy.static(spec.k)
-    if spec.kind == "influence":
-        return policy.influence(spec.k)
-    if spec.kind == "sequence":
-        return policy.sequence(spec.k)
-    return RandomSkip(spec.p, policy.eligible(), seed, name=f"random:{spec.p}")
+    return build(spec, policy, seed)

@@ -29,13 +29,9 @@ Methods of `reskip eval` add three names:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from ..errors import ReskipError
-
-POLICY_KINDS = ("none", "reskip", "static", "influence", "sequence", "random")
-METHOD_KINDS = ("backbone", "retrofit", "matched", "budgets", *POLICY_KINDS)
-GRAMMAR = "none, reskip[:Q[:M]], reskip:budget=B[:held], static:K, influence:K, sequence:K, random:P"
-METHOD_GRAMMAR = "backbone, retrofit, matched, budgets, " + GRAMMAR
 
 
 class PolicyError(ReskipError):
@@ -44,6 +40,100 @@ class PolicyError(ReskipError):
 
 class SpecError(PolicyError):
     """A spec that does not follow the grammar."""
+
+
+def _number(text: str, cast, what: str, spec: str, lo: float, hi: float | None = None):
+    try:
+        value = cast(text)
+    except ValueError:
+        raise SpecError(f"cannot read {what} {text!r} in {spec!r}") from None
+    if value != value or value in (float("inf"), float("-inf")) or value < lo or (hi is not None and value > hi):
+        span = f"in [{lo}, {hi}]" if hi is not None else f">= {lo} and finite"
+        raise SpecError(f"{what} in {spec!r} must be {span}, got {text}")
+    return value
+
+
+# Each kind's arguments (the text after its name, split at ':') -> the Spec fields they set.
+def _no_arguments(kind: str, text: str, args: list[str]) -> dict:
+    if args:
+        raise SpecError(f"{kind!r} takes no arguments, got {text!r}; valid: {METHOD_GRAMMAR}")
+    return {}
+
+
+def _reskip(kind: str, text: str, args: list[str]) -> dict:
+    if args and args[0].startswith("budget="):
+        if len(args) > 2 or (len(args) == 2 and args[1] != "held"):
+            raise SpecError(f"reskip:budget=B takes no further arguments but ':held', got {text!r}")
+        return {"budget": _number(args[0][len("budget="):], float, "budget B", text, 0.0), "held": len(args) == 2}
+    if len(args) > 2:
+        raise SpecError(f"reskip takes at most reskip:Q:M, got {text!r}")
+    return {"quantile": _number(args[0], float, "quantile Q", text, 0.0, 1.0) if args and args[0] else None,
+            "max_skips": _number(args[1], int, "max skips M", text, 0) if len(args) > 1 else None}
+
+
+def _one(kind: str, text: str, args: list[str], name: str) -> str:
+    if len(args) != 1 or not args[0]:
+        raise SpecError(f"{kind} needs one argument, {kind}:{name}; got {text!r}")
+    return args[0]
+
+
+def _block_count(kind: str, text: str, args: list[str]) -> dict:
+    k = _number(_one(kind, text, args, "K"), float, "block count K", text, 0.0)
+    return {"k": int(k) if k == int(k) else k}
+
+
+def _whole_block_count(kind: str, text: str, args: list[str]) -> dict:
+    return {"k": _number(_one(kind, text, args, "K"), int, "block count K (a whole number)", text, 0)}
+
+
+def _probability(kind: str, text: str, args: list[str]) -> dict:
+    return {"p": _number(_one(kind, text, args, "P"), float, "probability P", text, 0.0, 1.0)}
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One kind of spec: how it is written, what it means, how its arguments are read, and whether it is a skip
+    policy (served by a policy file) or one of `reskip eval`'s methods only."""
+
+    syntax: str
+    help: str
+    arguments: Callable[[str, str, list[str]], dict]
+    needs_policy_file: bool
+    method_only: bool = False
+
+
+# The one table of kinds: the grammar, its help and the parsing derive from it (the policies they build:
+# `policy_file.BUILDERS`, keyed by the same names).
+KINDS = {
+    "backbone": Kind("backbone", "the backbone itself (side-channel off)", _no_arguments, False, method_only=True),
+    "retrofit": Kind("retrofit", "the retrofit without skipping (the same as none)", _no_arguments, False,
+                     method_only=True),
+    "matched": Kind("matched", "static, influence and random at each ReSkip point's mean skips", _no_arguments,
+                    False, method_only=True),
+    "budgets": Kind("budgets", "reskip:budget=B for every budget of the policy file's frontier", _no_arguments,
+                    False, method_only=True),
+    "none": Kind("none", "nothing skipped (the retrofit as it is)", _no_arguments, False),
+    "reskip": Kind("reskip[:Q[:M]], reskip:budget=B[:held]",
+                   "the calibrated ReSkip rule (tau_n at quantile Q of w_recent(n), at most M blocks per step), or "
+                   "the budgeted thresholds for B blocks per step on average (held: the rate held online)",
+                   _reskip, True),
+    "static": Kind("static:K", "the K eligible blocks of lowest ablation cost A(n), at every step (K may be "
+                               "fractional)", _block_count, True),
+    "influence": Kind("influence:K", "ShortGPT: the K blocks whose output is most like their input", _block_count,
+                      True),
+    "sequence": Kind("sequence:K", "per sequence: the K eligible blocks whose w_recent sat highest in its prompt, "
+                                   "skipped at every later step", _whole_block_count, True),
+    "random": Kind("random:P", "each eligible block skipped with probability P", _probability, True),
+}
+POLICY_KINDS = tuple(name for name, kind in KINDS.items() if not kind.method_only)
+METHOD_KINDS = tuple(KINDS)
+GRAMMAR = ", ".join(KINDS[name].syntax for name in POLICY_KINDS)
+METHOD_GRAMMAR = ", ".join(KINDS[name].syntax for name in METHOD_KINDS)
+
+
+def grammar_help(kinds: tuple[str, ...] = POLICY_KINDS) -> str:
+    """One line per kind: how it is written and what it means (the CLI's and the documentation's help)."""
+    return "\n".join(f"{KINDS[name].syntax:<40} {KINDS[name].help}" for name in kinds)
 
 
 @dataclass(frozen=True)
@@ -62,18 +152,7 @@ class Spec:
 
     @property
     def needs_policy_file(self) -> bool:
-        return self.kind in ("reskip", "static", "influence", "sequence", "random")
-
-
-def _number(text: str, cast, what: str, spec: str, lo: float, hi: float | None = None):
-    try:
-        value = cast(text)
-    except ValueError:
-        raise SpecError(f"cannot read {what} {text!r} in {spec!r}") from None
-    if value != value or value in (float("inf"), float("-inf")) or value < lo or (hi is not None and value > hi):
-        span = f"in [{lo}, {hi}]" if hi is not None else f">= {lo} and finite"
-        raise SpecError(f"{what} in {spec!r} must be {span}, got {text}")
-    return value
+        return KINDS[self.kind].needs_policy_file
 
 
 def parse_spec(text: str, kinds: tuple[str, ...] = POLICY_KINDS, allow_path: bool = False) -> Spec:
@@ -81,34 +160,11 @@ def parse_spec(text: str, kinds: tuple[str, ...] = POLICY_KINDS, allow_path: boo
     grammar = METHOD_GRAMMAR if "backbone" in kinds else GRAMMAR
     if allow_path and text.endswith(".json"):
         return Spec("reskip", text, path=text)
-    kind, *args = text.split(":")
-    if kind not in kinds:
+    name, *args = text.split(":")
+    if name not in kinds:
         where = ", or a policy.json path" if allow_path else ""
         raise SpecError(f"unknown policy or method {text!r}; valid: {grammar}{where}")
-    if kind in ("none", "backbone", "retrofit", "matched", "budgets"):
-        if args:
-            raise SpecError(f"{kind!r} takes no arguments, got {text!r}; valid: {grammar}")
-        return Spec(kind, text)
-    if kind == "reskip":
-        if args and args[0].startswith("budget="):
-            if len(args) > 2 or (len(args) == 2 and args[1] != "held"):
-                raise SpecError(f"reskip:budget=B takes no further arguments but ':held', got {text!r}")
-            b = _number(args[0][len("budget="):], float, "budget B", text, 0.0)
-            return Spec(kind, text, budget=b, held=len(args) == 2)
-        if len(args) > 2:
-            raise SpecError(f"reskip takes at most reskip:Q:M, got {text!r}")
-        q = _number(args[0], float, "quantile Q", text, 0.0, 1.0) if args and args[0] else None
-        m = _number(args[1], int, "max skips M", text, 0) if len(args) > 1 else None
-        return Spec(kind, text, quantile=q, max_skips=m)
-    if len(args) != 1 or not args[0]:
-        arg = "P" if kind == "random" else "K"
-        raise SpecError(f"{kind} needs one argument, {kind}:{arg}; got {text!r}")
-    if kind == "random":
-        return Spec(kind, text, p=_number(args[0], float, "probability P", text, 0.0, 1.0))
-    if kind == "sequence":
-        return Spec(kind, text, k=_number(args[0], int, "block count K (a whole number)", text, 0))
-    k = _number(args[0], float, "block count K", text, 0.0)
-    return Spec(kind, text, k=int(k) if k == int(k) else k)
+    return Spec(name, text, **KINDS[name].arguments(name, text, args))
 
 
 def parse_specs(texts: list[str], kinds: tuple[str, ...] = POLICY_KINDS) -> list[Spec]:

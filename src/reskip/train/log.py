@@ -13,6 +13,7 @@ from pathlib import Path
 from ..errors import ReskipError
 from ..io_atomic import atomic_write_text
 from ..reading import is_finite_number, read_jsonl
+from ..run_files import stamped
 
 
 def append_record(path: Path, record: dict) -> None:
@@ -75,7 +76,7 @@ def summarize(path: Path, wall_s: float) -> dict:
     log = read_log(path) or []
     evals, trains = records(log, "eval"), records(log, "train")
     first, last = evals[0], evals[-1]
-    return {
+    return stamped("summary.json", {
         "steps": trains[-1]["step"] if trains else 0,
         "tokens_seen": last["tokens_seen"],
         "wall_s_process": wall_s,  # this process's training time (a resumed run's earlier processes not counted)
@@ -85,12 +86,12 @@ def summarize(path: Path, wall_s: float) -> dict:
         "entropy": {"start": first["entropy"], "end": last["entropy"], "max": last["entropy_max"]},
         "skip_kl": {"start": first.get("skip_kl"), "end": last.get("skip_kl")},
         "skip_ppl": {"start": first.get("skip_ppl"), "end": last.get("skip_ppl")},
-    }
+    })
 
 
 def format_summary(s: dict) -> str:
     lines = [
-        f"steps {s['steps']}, tokens {s['tokens_seen']:,}, wall {s.get('wall_s_process', s.get('wall_s_this_session', 0.0)):.0f} s",
+        f"steps {s['steps']}, tokens {s['tokens_seen']:,}, wall {s['wall_s_process']:.0f} s",
         f"validation perplexity: backbone {s['ppl_backbone']:.3f} | retrofit {s['ppl_full']['start']:.3f} -> "
         f"{s['ppl_full']['end']:.3f}   KL(backbone||retrofit) {s['kl_full']['end']:.4f}",
         "block  entropy start -> end (max log n)   skip-branch KL start -> end   skip-branch ppl end",
@@ -98,7 +99,7 @@ def format_summary(s: dict) -> str:
     for n in sorted(s["skip_kl"]["end"] or {}, key=int):
         first, last, top = (s["entropy"][x].get(n) for x in ("start", "end", "max"))
         ent = f"{first:.3f} -> {last:.3f} ({top:.3f})" if first is not None else "-  (no router)"
-        ppl = (s.get("skip_ppl", {}).get("end") or {}).get(n)  # absent from runs logged before it was measured
+        ppl = (s["skip_ppl"]["end"] or {}).get(n)  # None: not measured at the last validation
         lines.append(f"{n:>5}  {ent:<32} {s['skip_kl']['start'][n]:.4f} -> {s['skip_kl']['end'][n]:.4f}"
                      f"{'' if ppl is None else f'   {ppl:.3f}'}")
     return "\n".join(lines)

@@ -37,7 +37,7 @@ from .log import append_record, last_eval, read_log, summarize, truncate_after
 from .objective import RetrofitObjective
 from .schedules import curriculum, drawn_blocks, learning_rate, skipped_positions
 from .trackers import TRACKER_RUN, hyperparameters, scalars
-from .validation import evaluate
+from .validation import validation_metrics
 
 
 class TrainingDiverged(ReskipError):
@@ -124,9 +124,10 @@ def train_run(
 def _train(cfg: TrainConfig, run_dir: Path, resume: bool, on_step_end, show_progress: bool, overwrite: bool) -> dict:
     run = open_training(cfg, run_dir, resume, show_progress, overwrite)
     cfg = run.cfg
-    if run.step == 0:
-        validate(run)
-    bar = Progress(cfg.steps, "train", initial=run.step, enabled=run.main and show_progress)
+    show = run.main and show_progress
+    val_s = [validate(run, show)] if run.step == 0 else []  # seconds per validation: the time left counts them
+    bar = Progress(cfg.steps, "train", initial=run.step, enabled=show)
+    bar.set_aside(0.0, (val_s or [0.0])[0] * validations_after(run.step, cfg))
     t0 = time.time()
     while run.step < cfg.steps:
         record = optimizer_step(run, bar)
@@ -136,7 +137,8 @@ def _train(cfg: TrainConfig, run_dir: Path, resume: bool, on_step_end, show_prog
             run.log(record)
         bar.update(1, **{x: f"{record[x]:.3f}" for x in ("loss", "ce", "kl")}, c=f"{record['c']:.2f}")
         if done % cfg.eval_every == 0 or done == cfg.steps:
-            validate(run)
+            val_s.append(validate(run, show))
+            bar.set_aside(val_s[-1], sum(val_s) / len(val_s) * validations_after(done, cfg))
         if done % cfg.save_every == 0 or done == cfg.steps:
             if run.main:
                 save_checkpoint(run.files.root, done, run.model, run.optimizer, run.tokens_seen)
@@ -146,7 +148,7 @@ def _train(cfg: TrainConfig, run_dir: Path, resume: bool, on_step_end, show_prog
     bar.close()
     last = last_eval(run.files.train_log)
     if last is None or last["step"] != cfg.steps:  # resumed at its end with the last validation's line lost
-        validate(run)
+        validate(run, show)
     return finish(run, wall_s=time.time() - t0)
 
 
@@ -257,18 +259,29 @@ def open_training(cfg: TrainConfig, run_dir: Path, resume: bool, show_progress: 
     return TrainingRun(cfg, accelerator, model, objective, optimizer, train_data, val_data, files, start, tokens_seen)
 
 
-def validate(run: TrainingRun) -> None:
-    """One validation record at the run's step (main process only)."""
+def validations_after(step: int, cfg: TrainConfig) -> int:
+    """The validations training still runs after `step`: every eval_every steps, and at the last."""
+    return len({s for s in range(step + 1, cfg.steps + 1) if s % cfg.eval_every == 0} | ({cfg.steps} - {step}))
+
+
+def validate(run: TrainingRun, show: bool = False) -> float:
+    """One validation record at the run's step (main process only), with its own progress; returns its seconds."""
     cfg, model, step = run.cfg, run.model, run.step
     if not run.main:
-        return
+        return 0.0
+    t0 = time.time()
     model.set_curriculum(curriculum(step, cfg.steps, cfg.hold_frac, cfg.ramp_end_frac))
     # With chunked losses (the memory-lean recipe) validation scores one sequence at a time, so it holds
     # (1, T, V) logits, not the micro-batch's (B, T, V): otherwise it would set the run's peak.
     val_batch = 1 if cfg.loss_chunk else max(1, cfg.batch_size // max(1, cfg.grad_accum))
     skip_kl = cfg.skip_kl_curve or step in (0, cfg.steps)
+    bar = Progress(len(run.val_data), f"validate at step {step}", unit="seq", enabled=show)
+    metrics = validation_metrics(model, run.val_data, batch_size=val_batch, skip_kl=skip_kl,
+                                 teacher_states=run.teacher_states, progress=bar.update)
+    bar.close()
     run.log({"kind": "eval", "step": step, "c": model.side_channel.curriculum, "tokens_seen": run.tokens_seen,
-             **evaluate(model, run.val_data, batch_size=val_batch, skip_kl=skip_kl, teacher_states=run.teacher_states)})
+             **metrics})
+    return time.time() - t0
 
 
 def optimizer_step(run: TrainingRun, bar: Progress) -> dict:

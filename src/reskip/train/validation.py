@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 
@@ -13,8 +14,8 @@ from ..ar_retrofit.model import ReskipModel
 
 
 @torch.no_grad()
-def evaluate(model: ReskipModel, data: Packed, batch_size: int = 4, skip_kl: bool = True,
-             teacher_states: dict | None = None) -> dict:
+def validation_metrics(model: ReskipModel, data: Packed, batch_size: int = 4, skip_kl: bool = True,
+                       teacher_states: dict | None = None, progress: Callable[[int], None] | None = None) -> dict:
     """Perplexity of the full path and the backbone, KL(backbone || full), alpha entropy per block
     (beside its maximum log n), the skip branch per block (KL(backbone || block n skipped) and its perplexity on
     the data: what a skip costs whichever teacher trained the skip branch), and the
@@ -23,7 +24,8 @@ def evaluate(model: ReskipModel, data: Packed, batch_size: int = 4, skip_kl: boo
     teacher_states: a dict kept across calls on the same data (training's validations): the backbone's
     final hidden states per batch, (B, T, d), filled by the first call, so that later ones only reapply
     the LM head. The backbone is frozen, so they are the same values (`losses.head_logits`: the same
-    operations as its forward), without a backbone pass per validation."""
+    operations as its forward), without a backbone pass per validation. progress: called with the number of
+    sequences after each batch."""
     n_blocks = model.n_blocks
     sums = {"ce_full": 0.0, "ce_backbone": 0.0, "kl_full": 0.0}
     ent = {n: 0.0 for n in range(2, n_blocks + 1)}
@@ -60,6 +62,8 @@ def evaluate(model: ReskipModel, data: Packed, batch_size: int = 4, skip_kl: boo
                 skip_ce[k] += ce_sum(z, labels).item()
         n_targets += int((labels[:, 1:] != -100).sum())
         n_positions += positions
+        if progress is not None:
+            progress(len(ids))
     model.train(was_training)
     out = {
         "ppl_full": math.exp(sums["ce_full"] / n_targets),

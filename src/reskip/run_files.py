@@ -1,0 +1,84 @@
+"""The format version of each JSON run file reskip writes, and one upgrade per file kind from each older version to
+the next: a user's older file loads under today's names, and no reader keeps a fallback to an old key name.
+
+A file without `format_version` is version 1. Readers call `read_run_file` (or `upgraded` on data already read);
+writers stamp `format_version` with `stamped`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .errors import ReskipError
+from .reading import read_json
+
+
+def _summary_from_1(d: dict) -> None:
+    # the training process's wall time had another name
+    if "wall_s_this_session" in d:
+        d["wall_s_process"] = d.pop("wall_s_this_session")
+    _summary_skip_ppl(d)
+
+
+def _diagnostics_from_1(d: dict) -> None:
+    # the second source document's instance was called the "seed" instance
+    memory = d.get("memory")
+    if isinstance(memory, dict) and "seed_instance" in memory:
+        memory["source_instance"] = memory.pop("seed_instance")
+
+
+def _pipeline_from_1(d: dict) -> None:
+    d.setdefault("dtype", "float32")  # a run recorded without a dtype ran in float32, the only one there was
+
+
+def _summary_skip_ppl(d: dict) -> None:
+    d.setdefault("skip_ppl", {"start": None, "end": None})  # not measured then
+
+
+def _policy_from_1(d: dict) -> None:
+    adapter = d.get("adapter")
+    if isinstance(adapter, dict):
+        adapter.setdefault("forward_config", None)  # not kept then: the forward's settings cannot be checked
+    calibration = d.get("calibration")
+    if isinstance(calibration, dict):
+        calibration.setdefault("wall_s", None)  # not recorded then
+
+
+# file name -> (today's version, {version: the upgrade from it to the next})
+KINDS = {
+    "summary.json": (2, {1: _summary_from_1}),
+    "diagnostics.json": (2, {1: _diagnostics_from_1}),
+    "pipeline.json": (2, {1: _pipeline_from_1}),
+    "policy.json": (2, {1: _policy_from_1}),
+}
+
+
+def version_of(kind: str) -> int:
+    return KINDS[kind][0]
+
+
+def stamped(kind: str, data: dict) -> dict:
+    """`data` with today's format_version of `kind` (what a writer saves)."""
+    return {"format_version": version_of(kind), **{k: v for k, v in data.items() if k != "format_version"}}
+
+
+def upgraded(kind: str, data, where) -> dict:
+    """`data` of a `kind` file (`where` names it in errors) upgraded in place to today's version."""
+    if not isinstance(data, dict):
+        raise ReskipError(f"{where}: the top level is not a JSON object; it is corrupt: restore or remove it")
+    today, steps = KINDS[kind]
+    version = data.get("format_version", 1)
+    if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= today:
+        raise ReskipError(f"{where} has format_version {version!r}; this reskip reads versions 1 to {today}: "
+                          "upgrade reskip, or remove the file")
+    for v in range(version, today):
+        steps[v](data)
+    data["format_version"] = today
+    return data
+
+
+def read_run_file(path: Path, kind: str | None = None):
+    """A run file; one of the versioned kinds (`kind`, else the file's own name: summary.json, diagnostics.json,
+    pipeline.json, policy.json) upgraded to today's version, any other read as it is."""
+    kind = kind or Path(path).name
+    data = read_json(path)
+    return upgraded(kind, data, path) if kind in KINDS else data
