@@ -158,7 +158,7 @@ def main(argv=None):
     # The default training recipe's retrofit (its skip shortcuts included) and loss weights.
     recipe = TrainConfig(retrofit={} if args.rank is None else {"rank": args.rank})
     rm = retrofit(model, recipe.retrofit_config())
-    rank = next(iter(rm.side_channel.per_block.values())).adapter.down.out_features  # the retrofit's adapter rank
+    rank = next(iter(rm.side_channel.per_block.values())).correction.down.out_features  # the retrofit's adapter rank
 
     def lora():
         hooks = LoRAHooks(model, rank)

@@ -150,7 +150,7 @@ def test_failed_save_leaves_previous_files_intact(tmp_path, monkeypatch):
 def test_blocks_are_written_as_inclusive_layer_ranges(tmp_path):
     path, _ = trained_adapter(tmp_path)  # 6 layers in blocks of 2
     cfg = json.loads((path / CONFIG_NAME).read_text())
-    assert cfg["format_version"] == 2 and cfg["blocks"] == [[0, 1], [2, 3], [4, 5]]
+    assert cfg["format_version"] == 3 and cfg["blocks"] == [[0, 1], [2, 3], [4, 5]]
 
 
 def test_an_adapter_written_before_inclusive_ranges_still_loads(tmp_path):
@@ -170,6 +170,27 @@ def test_an_adapter_written_before_inclusive_ranges_still_loads(tmp_path):
     (path / CONFIG_NAME).write_text(json.dumps(cfg))
     with pytest.raises(AdapterError, match="format_version"):
         load_adapter(tiny_model("llama"), path)
+
+
+def test_an_adapter_saved_under_the_old_tensor_names_loads_as_it_was(tmp_path):
+    """Before format 3 the correction A_n (and a shortcut's low-rank map) was saved as `adapter`: the names are
+    mapped on load, as PEFT maps renamed keys, and the logits are the same."""
+    from safetensors.torch import load_file, save_file
+
+    from reskip.ar_retrofit.adapter_io import names_before_rename
+
+    path, logits = trained_adapter(tmp_path)
+    state = load_file(path / WEIGHTS_NAME)
+    old = {names_before_rename(k): v for k, v in state.items()}
+    assert any(".adapter." in k for k in old) and not any(".adapter." in k for k in state)
+    save_file(old, str(path / WEIGHTS_NAME))
+    cfg = json.loads((path / CONFIG_NAME).read_text())
+    cfg["format_version"] = 2
+    (path / CONFIG_NAME).write_text(json.dumps(cfg))
+    rm = load_adapter(tiny_model("llama"), path)
+    ids, mask = batch()
+    with torch.no_grad():
+        assert torch.equal(rm(input_ids=ids, attention_mask=mask).logits, logits)
 
 
 def test_a_save_stopped_between_its_files_leaves_the_previous_adapter_whole(tmp_path, monkeypatch):

@@ -35,7 +35,7 @@ BAD = [
     (["lab", MISSING], "neither a run folder"),
     (["lab", "{tmp}/x", "--port", "0"], "port"),
     (["experiment", "variants", "--model", MISSING, "--out", "{tmp}/e"], "cannot find model"),
-    (["experiment", "placement", "--budget-bytes", "0", "--out", "{tmp}/e"], "budget-bytes"),
+    (["experiment", "placement", "--memory-bytes", "0", "--out", "{tmp}/e"], "memory-bytes"),
     (["experiment", "variants", "--model", "{model}", "--steps", "0", "--out", "{tmp}/e"], "steps"),
     (["experiment", "variants", "--model", "{model}", "--block-size", "2", "--arms", "recipe", "nope", "--out", "{tmp}/e"], "no arm 'nope'"),
     (["experiment", "placement", "--arms", "recipe", "--out", "{tmp}/e"], "has no arms"),

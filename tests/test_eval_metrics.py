@@ -10,7 +10,7 @@ from helpers import VOCAB, batch, tiny_model
 from reskip import RetrofitConfig, retrofit
 from reskip.compat import output_head
 from reskip.data.packing import Packed
-from reskip.evaluate.methods import Method, References, Scoring, Tally, _tally_of, evaluate_methods
+from reskip.evaluate.methods import Method, References, EvalContext, Tally, _tally_of, evaluate_methods
 from reskip.losses import ce_sum, head_logits, kl_sum, teacher_targets
 from reskip.skip.policies import StaticSkip
 
@@ -87,12 +87,12 @@ def test_matched_baselines_reuse_the_references_hidden_states(monkeypatch):
         return forward(*args, **kwargs)
 
     monkeypatch.setattr(rm, "forward", counting)
-    scoring = Scoring.of(rm, data, window=4, chunk_size=4)
-    first = evaluate_methods(rm, data, methods, window=4, chunk_size=4, group=4, _scoring=scoring)
+    context = EvalContext.of(rm, data, window=4, chunk_size=4)
+    first = evaluate_methods(rm, data, methods, window=4, chunk_size=4, group=4, _context=context)
     assert sum(calls) == 2 * 2  # two groups (4 + 2 sequences), a backbone and a retrofit pass each
     # the kept hidden states only (every method scored anew)
     again = evaluate_methods(rm, data, methods, window=4, chunk_size=4, group=4,
-                             _scoring=Scoring.of(rm, data, window=4, chunk_size=4, hidden=scoring.hidden))
+                             _context=EvalContext.of(rm, data, window=4, chunk_size=4, hidden=context.hidden))
     assert sum(calls) == 2 * 2  # no reference pass the second time
     for name in first:
         assert {k: v for k, v in first[name].items() if k != "wall_s"} == {

@@ -155,12 +155,12 @@ def test_block_size_measures_each_size_at_the_same_layers_skipped(tiny):
     assert "not measured" in (out / "experiments" / "block-size" / "results.md").read_text()
 
 
-def test_placement_answers_the_incident_with_a_measured_probe(tiny):
+def test_placement_answers_the_incident_with_a_measured_reconstruction(tiny):
     tmp, model, corpus = tiny
     out = tmp / "plout"
     # 16 tokens x d 32 x 2 bytes = 1 KiB a state: a 3 KiB budget keeps 3 of the 7 states
     assert main(["experiment", "placement", "--model", str(model), "--data", str(corpus), "--out", str(out),
-                 "--seq-len", "16", "--context", "16", "--budget-bytes", "3072", "--calib-sequences", "40",
+                 "--seq-len", "16", "--context", "16", "--memory-bytes", "3072", "--calib-sequences", "40",
                  "--test-sequences", "8", "--quiet"]) == 0
     r = json.loads((out / "experiments" / "placement" / "results.json").read_text())
     assert r["this_model"]["feasible_states"] == 3 and r["source_instance"]["feasible_states"] == 8
@@ -168,7 +168,7 @@ def test_placement_answers_the_incident_with_a_measured_probe(tiny):
     assert s["placements"]["uniform"]["kept"] == [0, 2, 4]
     assert set(r["settings"]) == {"the budget at context 16", "the source instance's share of depth",
                                   "half the source instance's share"}
-    probe = s["placements"]["uniform"]["probe"]
+    probe = s["placements"]["uniform"]["reconstruction"]
     assert len(probe) == 4 and all(-10 < p["r2_fit"] <= 1 for p in probe)
     # the fit from the bracketing states can only help over copying the one below, on the fitting tokens; on
     # test tokens it should too for a smooth residual stream, and this tiny one is

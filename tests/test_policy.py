@@ -111,6 +111,26 @@ def test_bad_policy_files_get_clear_errors(tiny_policy, tmp_path, mutate, messag
         PolicyFile.load(tmp_path / "p.json").check_model(rm)
 
 
+def test_a_policy_file_of_the_old_tensor_names_still_serves_its_adapter(tiny_policy, tmp_path):
+    """A policy file of format 2 took its side-channel digest over the tensor names before the correction's
+    rename: upgraded on load, it is checked against that digest, and a file that is not of that adapter is not."""
+    from reskip.skip.policy_file import PolicyFile, side_channel_digest
+
+    rm, pf, _ = tiny_policy
+    data = json.loads(json.dumps(pf.data))
+    data["format_version"] = 2
+    del data["adapter"]["legacy_tensor_names"]
+    data["adapter"]["side_channel_digest"] = side_channel_digest(rm, legacy_names=True)
+    (tmp_path / "policy.json").write_text(json.dumps(data))
+    old = PolicyFile.load(tmp_path / "policy.json")
+    assert old.data["adapter"]["legacy_tensor_names"] is True
+    old.check_model(rm)
+    data["adapter"]["side_channel_digest"] = side_channel_digest(rm)  # today's names: not what format 2 hashed
+    (tmp_path / "policy.json").write_text(json.dumps(data))
+    with pytest.raises(PolicyError, match="another adapter"):
+        PolicyFile.load(tmp_path / "policy.json").check_model(rm)
+
+
 def test_policy_refuses_another_adapter_or_backbone(tiny_policy):
     rm, pf, _ = tiny_policy
     other = retrofit(tiny_model("llama", init_std=0.3), RetrofitConfig(block_size=2, rank=8), seed=5)

@@ -28,6 +28,7 @@ def test_every_kind_upgrades_its_first_version_to_todays_names(tmp_path):
     assert read_run_file(tmp_path / "pipeline.json")["dtype"] == "float32"
     policy = read_run_file(tmp_path / "policy.json")
     assert policy["adapter"]["forward_config"] is None and policy["calibration"]["wall_s"] is None
+    assert policy["adapter"]["legacy_tensor_names"] is True
     for name in KINDS:
         assert read_run_file(tmp_path / name)["format_version"] == KINDS[name][0]
 

@@ -31,7 +31,7 @@ def _perturb(rm, seed=3):
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for m in rm.side_channel.shortcut_modules():
-            m.adapter.up.weight.copy_(torch.randn(m.adapter.up.weight.shape, generator=g) * 0.5)
+            m.low_rank.up.weight.copy_(torch.randn(m.low_rank.up.weight.shape, generator=g) * 0.5)
 
 
 def test_the_shortcut_starts_as_the_identity_exactly():
@@ -62,7 +62,7 @@ def test_a_skipped_block_outputs_x_plus_s_of_x():
         short(input_ids=ids)
         cap = captured()
     sc = short.side_channel.shortcuts["2"]
-    torch.testing.assert_close(cap.states[2], cap.inputs[2] + sc.adapter(cap.inputs[2]), rtol=0, atol=0)
+    torch.testing.assert_close(cap.states[2], cap.inputs[2] + sc.low_rank(cap.inputs[2]), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3"])
@@ -130,7 +130,7 @@ def test_training_moves_the_shortcut_and_it_is_saved_and_loaded(tmp_path):
     # six blocks of one layer: shortcuts on blocks 2..5, the ones the skip branch dropped have left zero
     assert len(mods) == 4
     dropped = {b for j in joint for b in j}
-    moved = {n for n, m in rm.side_channel.shortcuts.items() if m.adapter.up.weight.abs().max() > 0}
+    moved = {n for n, m in rm.side_channel.shortcuts.items() if m.low_rank.up.weight.abs().max() > 0}
     assert moved == {str(b) for b in dropped}
 
 
@@ -176,7 +176,7 @@ def test_joint_skip_branch_with_shortcuts_equals_recomputing_it():
             torch.testing.assert_close(a, b)
     grads = {id(p): p.grad for p in rm.trainable_parameters()}
     for m in rm.side_channel.shortcut_modules()[:2]:  # blocks 2 and 3 were skipped: their shortcuts learn
-        assert grads[id(m.adapter.up.weight)].abs().max() > 0
+        assert grads[id(m.low_rank.up.weight)].abs().max() > 0
 
 
 def test_local_regression_is_one_at_init_and_trains_every_shortcut():
@@ -194,4 +194,4 @@ def test_local_regression_is_one_at_init_and_trains_every_shortcut():
     assert terms["local"].item() == pytest.approx(1.0)  # S = 0: the residual is the whole block's change
     terms["loss"].backward()
     for m in rm.side_channel.shortcut_modules():  # blocks 2 and 3, though the skip branch dropped block 2 only
-        assert m.adapter.up.weight.grad.abs().max() > 0
+        assert m.low_rank.up.weight.grad.abs().max() > 0

@@ -35,7 +35,7 @@ def test_router_matches_spec_formula():
         logits.append(k @ w / math.sqrt(d))
     ref_alpha = torch.stack(logits, -1).softmax(-1)
     r = sum(ref_alpha[..., i : i + 1] * h[i] for i in range(n))
-    a = block.adapter
+    a = block.correction
     ref_delta = 0.5 * 0.7 * a.up(torch.nn.functional.silu(a.down(r - h[-1])))
     torch.testing.assert_close(alpha, ref_alpha)
     torch.testing.assert_close(x, h[-1] + ref_delta)
@@ -73,7 +73,7 @@ def test_inference_caches_follow_parameter_updates():
             check()
         block.gate.mul_(0.5)
         check()
-        block.adapter.up.weight.add_(0.1)
+        block.correction.up.weight.add_(0.1)
         check()
         check(0.3)  # another c(t)
         block.gate = torch.nn.Parameter(torch.full((), 0.25))  # a new Parameter object
@@ -121,7 +121,7 @@ def test_gradients_at_c0_reach_router_only_through_entropy():
     (-alpha_entropy(out.alphas, mask)).backward()
     block = rm.side_channel.block(2)
     assert block.router.query.grad.abs().sum() > 0
-    assert torch.all(block.adapter.up.weight.grad == 0)
+    assert torch.all(block.correction.up.weight.grad == 0)
 
 
 def test_gradients_reach_every_side_channel_parameter_at_c1():
@@ -264,7 +264,7 @@ def test_block_input_with_a_bfloat16_backbone_adds_the_float32_correction():
     x, alpha = block(sources, hidden, 0.5)
     alpha_ref = block.router(sources)
     r = (alpha_ref.unsqueeze(-1) * sources).sum(-2)
-    a = block.adapter
+    a = block.correction
     correction = 0.5 * block.gate * a.up(torch.nn.functional.silu(a.down(r - hidden.float())))
     assert x.dtype == torch.bfloat16 and correction.abs().max() > 0.1  # something to see
     torch.testing.assert_close(alpha, alpha_ref)
@@ -295,7 +295,7 @@ def test_rejected_designs_are_configurations_of_the_same_block():
     torch.testing.assert_close(x_int, (1 - 0.35) * h[-1] + 0.35 * r)
     assert torch.equal(blocks["interpolate"](sources, h[-1], 0.0)[0], h[-1])  # gamma = 0: the backbone's input
     x_free, _ = blocks["gamma_free"](sources, h[-1], 0.0)  # c = 0 changes nothing: no curriculum
-    a = blocks["gamma_free"].adapter
+    a = blocks["gamma_free"].correction
     torch.testing.assert_close(x_free, h[-1] + a.up(torch.nn.functional.silu(a.down(r - h[-1]))))
     torch.testing.assert_close(x_rec, h[-1] + 0.35 * (x_free - h[-1]))  # the recipe is gamma times that
     with pytest.raises(Exception, match="variant must be one of"):
@@ -316,4 +316,4 @@ def test_observer_routing_trains_the_router_and_leaves_the_backbone():
     (-alpha_entropy(out.alphas, mask)).backward()
     blk = rm.side_channel.block(2)
     assert blk.router.query.grad is not None and blk.router.query.grad.abs().sum() > 0
-    assert blk.adapter.up.weight.grad is None and blk.gate.grad is None
+    assert blk.correction.up.weight.grad is None and blk.gate.grad is None

@@ -195,7 +195,7 @@ def test_router_learning_rate_multipliers_take_effect(tiny_run, tmp_path):
     trained = load_adapter(tiny_model("llama"), out / "adapter")
     for a, b in zip(init.side_channel.routers(), trained.side_channel.routers()):
         assert torch.allclose(a.query, b.query, atol=1e-6) and torch.allclose(a.source_bias, b.source_bias, atol=1e-6)
-    moved = [not torch.allclose(a.adapter.up.weight, b.adapter.up.weight)
+    moved = [not torch.allclose(a.correction.up.weight, b.correction.up.weight)
              for a, b in zip(init.side_channel.per_block.values(), trained.side_channel.per_block.values())]
     assert any(moved)
     logged = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]

@@ -46,7 +46,7 @@ RETROFIT_KEYS = ("block_size", "rank", "boundaries", "skip_path", "shortcut_rank
 
 @dataclass
 class PipelineConfig:
-    """What a run is made of: the preset's budgets, the backbone, the training data, training
+    """What a run is made of: the preset's settings, the backbone, the training data, training
     values that override the preset (TrainConfig keys; block_size, rank and boundaries set the
     retrofit), and the calibration's delta. Recorded in pipeline.json, so a resumed run is the same."""
 

@@ -43,12 +43,18 @@ def _policy_from_1(d: dict) -> None:
         calibration.setdefault("wall_s", None)  # not recorded then
 
 
+def _policy_from_2(d: dict) -> None:
+    adapter = d.get("adapter")
+    if isinstance(adapter, dict):  # its side-channel digest was taken over the tensors' names before the rename
+        adapter["legacy_tensor_names"] = True
+
+
 # file name -> (today's version, {version: the upgrade from it to the next})
 KINDS = {
     "summary.json": (2, {1: _summary_from_1}),
     "diagnostics.json": (2, {1: _diagnostics_from_1}),
     "pipeline.json": (2, {1: _pipeline_from_1}),
-    "policy.json": (2, {1: _policy_from_1}),
+    "policy.json": (3, {1: _policy_from_1, 2: _policy_from_2}),
 }
 
 

@@ -22,7 +22,7 @@ PRESETS = {
                         "eval_sequences": 4},
               "calibrate": {"sequences": 8}, "eval": {"sequences": 4, "mc_limit": 10, "chunk_size": 32},
               "diagnose": {"sequences": 2, "sample_tokens": 64, "signal_sequences": 4, "probe_sequences": 8}},
-    # A screening budget between the two (the notebook's "medium"): 100 steps at the quick preset's
+    # A screening preset between the two (the notebook's "medium"): 100 steps at the quick preset's
     # batch (51k training tokens); for comparing settings, not for final figures.
     "medium": {"train": {"steps": 100, "batch_size": 4, "seq_len": 128, "eval_every": 25, "save_every": 25,
                          "eval_sequences": 8},
@@ -39,7 +39,7 @@ for _name, _times in (("long", 4), ("large", 10)):
     _steps = TrainConfig.steps * _times
     PRESETS[_name] = {**PRESETS["standard"],
                       "train": {"steps": _steps, "eval_every": _steps // 4, "save_every": _steps // 8}}
-PRESET_HELP = ("the budgets of every stage: quick (a smoke run), medium (screening), standard (the default recipe, "
+PRESET_HELP = ("the sizes of every stage: quick (a smoke run), medium (screening), standard (the default recipe, "
                "0.2M training tokens), long and large (the standard recipe at 4x and 10x the tokens)")
 
 

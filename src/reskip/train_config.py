@@ -62,7 +62,7 @@ class TrainConfig:
 
     Why the routers' queries have a learning-rate multiple of their own: a router moves its logits by at most
     |w_n|, and Adam moves each coordinate by about lr per step, so at the default lr a query can hardly grow
-    within a retrofit budget; the multipliers let it (the lab notebook measures them).
+    within a retrofit's training run; the multipliers let it (the lab notebook measures them).
     """
 
     model: str | None = described(None, "the backbone: null (the bundled SmolLM2-135M-Instruct), a packaged name, a "

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -31,10 +32,33 @@ from .config import ADAPTER_WEIGHTS_NAME as WEIGHTS_NAME
 from .config import RetrofitConfig
 from .model_card import write_card
 
+# 3: the correction A_n's tensors named `correction` (and a shortcut's `low_rank`), no longer `adapter`.
 # 2: "blocks" as inclusive [first, last] layer pairs, like every other file reskip writes.
 # 1: "blocks" as [start, stop) pairs; still read (the weights and every other field are the same).
-FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+FORMAT_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
+
+# Tensor names an older reskip saved -> today's, as PEFT maps renamed keys on load: (module group, the
+# submodule's old name, today's name).
+RENAMED_TENSORS = (("per_block", "adapter", "correction"), ("shortcuts", "adapter", "low_rank"))
+
+
+def _renamed(name: str, before: bool) -> str:
+    for group, old, new in RENAMED_TENSORS:
+        src, dst = (new, old) if before else (old, new)
+        name = re.sub(rf"^{group}\.(\d+)\.{src}\.", rf"{group}.\1.{dst}.", name)
+    return name
+
+
+def current_names(state: dict) -> dict:
+    """A saved state under today's tensor names (an older adapter's or checkpoint's names mapped)."""
+    return {_renamed(name, before=False): tensor for name, tensor in state.items()}
+
+
+def names_before_rename(name: str) -> str:
+    """Today's tensor name as adapters saved before FORMAT_VERSION 3 wrote it (the digests of older policy files)."""
+    return _renamed(name, before=True)
+
 
 # Hyperparameters that define the architecture; loader-specific keys (dtype, paths,
 # quantization, versions) are left out so a GGUF load and its cached copy hash alike.
@@ -162,6 +186,7 @@ def read_adapter_weights(path) -> dict[str, torch.Tensor]:
         state = load_file(path / WEIGHTS_NAME)
     except (SafetensorError, OSError, ValueError) as e:
         raise AdapterError(f"{path / WEIGHTS_NAME} is truncated or corrupt ({e}); re-save the adapter") from e
+    state = current_names(state)
     bad = sorted(k for k, v in state.items() if v.is_floating_point() and not torch.isfinite(v).all())
     if bad:
         raise AdapterError(f"{path / WEIGHTS_NAME} holds weights that are not finite ({', '.join(bad[:3])}): the run "

@@ -91,7 +91,7 @@ class RetrofitConfig:
         if self.variant not in VARIANTS:
             raise RetrofitConfigError(f"variant must be one of {VARIANTS}, got {self.variant!r}")
         if self.shortcut_rank is not None and (not isinstance(self.shortcut_rank, int) or self.shortcut_rank <= 0):
-            raise RetrofitConfigError(f"shortcut_rank must be a positive integer (or None: the adapter's rank), "
+            raise RetrofitConfigError(f"shortcut_rank must be a positive integer (or None: the correction's rank), "
                                       f"got {self.shortcut_rank!r}")
         if not isinstance(self.inner_lora, int) or isinstance(self.inner_lora, bool) or self.inner_lora < 0:
             raise RetrofitConfigError(f"inner_lora must be a whole number of parameters >= 0, got {self.inner_lora!r}")

@@ -1,8 +1,8 @@
 """The trainable side-channel: per block n >= 2 a depth router, a low-rank correction A_n and a gate.
 
-(The correction's module is `LowRankAdapter` under the attribute `adapter`: those names are in every saved
-adapter file's tensor names and every policy file's digest, so they stay; "the adapter" elsewhere means the saved
-side-channel, `adapter/`.)
+(The correction's module is `LowRankCorrection` under the attribute `correction`; "the adapter" means the saved
+side-channel, `adapter/`. Adapters saved before the rename name it `adapter`: `adapter_io.current_names` maps
+those tensor names on load.)
 
     k_i        = RMSNorm(h_i) + b_i                     (no learned scale)
     alpha_i->n = softmax_i(w_n . k_i / sqrt(d))         i = 0..n-1
@@ -107,7 +107,7 @@ class DepthRouter(nn.Module):
         return self.logits(sources).softmax(dim=-1)
 
 
-class LowRankAdapter(nn.Module):
+class LowRankCorrection(nn.Module):
     """A(u) = W_up sigma(W_down u); W_up starts small but nonzero."""
 
     def __init__(self, hidden_size: int, rank: int, config: RetrofitConfig, generator: torch.Generator):
@@ -129,13 +129,13 @@ class SkipShortcut(nn.Module):
 
     def __init__(self, hidden_size: int, rank: int, config: RetrofitConfig, generator: torch.Generator):
         super().__init__()
-        self.adapter = LowRankAdapter(hidden_size, rank, config, generator)
+        self.low_rank = LowRankCorrection(hidden_size, rank, config, generator)
         with torch.no_grad():
-            self.adapter.up.weight.zero_()
+            self.low_rank.up.weight.zero_()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x + S(x): block n's output when it is skipped (B, T, d)."""
-        s = self.adapter(x.float())
+        s = self.low_rank(x.float())
         return x + (s if x.dtype == torch.float32 else s.to(x.dtype))
 
 
@@ -179,14 +179,14 @@ def block_input(t: BlockTensors, sources: torch.Tensor, hidden: torch.Tensor, in
 
 
 class BlockSideChannel(nn.Module):
-    """Router + adapter + learnable gate g_n (starts at 1) for one block n >= 2."""
+    """Router + correction A_n + learnable gate g_n (starts at 1) for one block n >= 2."""
 
     def __init__(self, hidden_size: int, n_sources: int, rank: int, config: RetrofitConfig, generator):
         super().__init__()
         self.n_sources = n_sources
         self.variant = config.variant
         self.router = DepthRouter(hidden_size, n_sources, config, generator)
-        self.adapter = LowRankAdapter(hidden_size, rank, config, generator)
+        self.correction = LowRankCorrection(hidden_size, rank, config, generator)
         self.gate = nn.Parameter(torch.ones(()))
         self._tensors = DerivedCache()
 
@@ -194,7 +194,7 @@ class BlockSideChannel(nn.Module):
         """w_n, b_i, W_down, W_up, g_n, read from the module dicts: a pass reads them at every decode
         step, and each attribute lookup through nn.Module costs about a microsecond. A test checks
         that these are exactly `self.parameters()`."""
-        r, a = self._modules["router"]._parameters, self._modules["adapter"]._modules
+        r, a = self._modules["router"]._parameters, self._modules["correction"]._modules
         return (r["query"], r["source_bias"], a["down"]._parameters["weight"], a["up"]._parameters["weight"],
                 self._parameters["gate"])
 
@@ -205,7 +205,7 @@ class BlockSideChannel(nn.Module):
         return self._tensors.get(params, curriculum, lambda: self._compute_tensors(curriculum))
 
     def _compute_tensors(self, curriculum: float) -> BlockTensors:
-        r, a = self.router, self.adapter
+        r, a = self.router, self.correction
         gamma = curriculum * self.gate
         if self.variant == "gamma_free":  # no gate and no curriculum: A_n acts from step 0
             return BlockTensors(r.query_scaled(), r.bias_col(), a.down.weight, a.up.weight, a.act, self.variant)

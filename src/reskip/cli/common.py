@@ -79,17 +79,17 @@ def dtype_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=DTYPE_NAMES, default="auto", help=f"{DTYPE_HELP} (default: auto)")
 
 
-BUDGET_FLAGS = ("steps", "batch_size", "seq_len", "lr")  # a preset's training budget, overridable by flag
+TRAINING_FLAGS = ("steps", "batch_size", "seq_len", "lr")  # a preset's training length and batch, overridable by flag
 
 
-def budget_flags(p: argparse.ArgumentParser) -> None:
+def training_flags(p: argparse.ArgumentParser) -> None:
     """The preset's training values, each overridable (TrainConfig's help text)."""
-    for name in BUDGET_FLAGS:
+    for name in TRAINING_FLAGS:
         p.add_argument(flag_of(name), type=float if name == "lr" else int, default=None,
                        help=f"{help_of(TrainConfig, name)} (default: the preset's)".replace("%", "%%"))
 
 
-def budget_values(args, names=BUDGET_FLAGS) -> dict:
+def training_values(args, names=TRAINING_FLAGS) -> dict:
     """The training values among `names` that flags set."""
     return {k: getattr(args, k) for k in names if getattr(args, k) is not None}
 

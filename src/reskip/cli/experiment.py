@@ -5,7 +5,7 @@ The flags become one ExperimentOptions; the experiment's library code is importe
 from __future__ import annotations
 
 from ..experiments.options import EXPERIMENTS, ExperimentOptions
-from .common import BUDGET_FLAGS, budget_flags, budget_values, examples, retrofit_flags, retrofit_values
+from .common import TRAINING_FLAGS, training_flags, training_values, examples, retrofit_flags, retrofit_values
 from .options import add_option_flags, options_from_args
 
 OWN_FLAGS = ("name", "overrides", "boundaries")  # the positional name; the training and retrofit flags set the rest
@@ -13,7 +13,7 @@ CONVERTERS = {"data": lambda specs: list(specs) or ["default"], "arms": lambda n
 
 
 def experiment_options(args) -> ExperimentOptions:
-    overrides = budget_values(args, (*BUDGET_FLAGS, "eval_every"))
+    overrides = training_values(args, (*TRAINING_FLAGS, "eval_every"))
     retrofit = retrofit_values(args)
     boundaries = retrofit.pop("boundaries", None) if args.name == "block-size" else None
     overrides.update(retrofit)  # block_size, rank, ...: the pipeline's overrides take retrofit keys by name
@@ -42,7 +42,7 @@ def register(sub) -> None:
                        **examples("experiment"))
     p.add_argument("name", choices=EXPERIMENTS, help="the experiment")
     add_option_flags(p, ExperimentOptions, skip=OWN_FLAGS, converters=CONVERTERS)
-    budget_flags(p)
+    training_flags(p)
     p.add_argument("--eval-every", type=int, default=None, help="steps between validations, the logged curve "
                                                                 "(default: the preset's)")
     retrofit_flags(p)

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from ..stage_options import PRESET_HELP
-from .common import PRESETS, dtype_flag, examples, budget_flags, budget_values, retrofit_flags, retrofit_values
+from .common import PRESETS, dtype_flag, examples, training_flags, training_values, retrofit_flags, retrofit_values
 from ..reading import read_json
 from ..train.log import format_summary
 from ..runs import RunFolder
@@ -16,7 +16,7 @@ from ..runs import RunFolder
 
 def run_overrides(args) -> dict:
     """The training and retrofit values the flags set (the preset's own values for the rest)."""
-    overrides = budget_values(args)
+    overrides = training_values(args)
     if args.recompute:
         overrides["recompute"] = True
     overrides.update(retrofit_values(args))
@@ -54,7 +54,7 @@ def register(sub) -> None:
     p.add_argument("--model", default=None, help="backbone (default: the bundled SmolLM2-135M-Instruct)")
     p.add_argument("--data", nargs="+", default=None, help="training data specs (default: the bundled mix)")
     dtype_flag(p)
-    budget_flags(p)
+    training_flags(p)
     p.add_argument("--recompute", action="store_true",
                    help="recompute the frozen layers' activations in the backward pass: the standard run under 4 GB "
                         "resident for about 11%% more training time (see Training)")

@@ -235,7 +235,7 @@ def _decisions(steps) -> tuple:
 
 
 @dataclass
-class Scoring:
+class EvalContext:
     """What every method's scoring of one data set shares: the model and data, the window and chunk size, the
     FLOP cost of a trace, the LM head, the tallies already scored (sequence, decisions per step) -> Tally, and
     the groups' final hidden states of the backbone and the retrofit."""
@@ -250,7 +250,7 @@ class Scoring:
     hidden: dict = field(default_factory=dict)
 
     @classmethod
-    def of(cls, model: ReskipModel, data: Packed, window: int, chunk_size: int, seen=None, hidden=None) -> "Scoring":
+    def of(cls, model: ReskipModel, data: Packed, window: int, chunk_size: int, seen=None, hidden=None) -> "EvalContext":
         flops = LayerFlops.of(model.base_model.config)
         side = model.side_channel
         per_shortcut = shortcut_flops(side.hidden_size, side.shortcut_rank)
@@ -327,7 +327,7 @@ class Scoring:
 @torch.no_grad()
 def evaluate_methods(model: ReskipModel, data: Packed, methods: list[Method], window: int, chunk_size: int,
                      policy_file: PolicyFile | None = None, seed: int = 0, progress=None, group: int = 4,
-                     _scoring: Scoring | None = None) -> dict[str, dict]:
+                     _context: EvalContext | None = None) -> dict[str, dict]:
     """Every method on every sequence of `data`, `group` sequences at a time (their references held
     together). A method that reads no signal has its decisions planned first (`policies.plan`) and the
     group's sequences scored in one batch and one pass (`scoring.score_planned_whole`); a sequence already
@@ -335,17 +335,17 @@ def evaluate_methods(model: ReskipModel, data: Packed, methods: list[Method], wi
     influence picking the same block) is not scored again: its metrics are reused. A method that reads
     the routers' signal scores the group in one batch too, each row making its own decisions as it goes
     (`scoring.score_rows`; one sequence at a time for a policy that is not `pure`)."""
-    scoring = _scoring or Scoring.of(model, data, window, chunk_size)
+    context = _context or EvalContext.of(model, data, window, chunk_size)
     expand = any(m.name == "matched" for m in methods)
     methods = [m for m in methods if m.name != "matched"]
     tallies = {m.name: Tally() for m in methods}
     model.eval()
     for g in range(0, len(data), group):
         rows = list(range(g, min(len(data), g + group)))
-        refs = scoring.references(rows)
+        refs = context.references(rows)
         for m in methods:
             t0 = time.perf_counter()
-            for one in scoring.tallies(m, rows, refs):
+            for one in context.tallies(m, rows, refs):
                 tallies[m.name].add(one)
             tallies[m.name].seconds += time.perf_counter() - t0
         del refs
@@ -354,11 +354,11 @@ def evaluate_methods(model: ReskipModel, data: Packed, methods: list[Method], wi
     ppl_backbone = math.exp(tallies["backbone"].ce / tallies["backbone"].targets) if "backbone" in tallies else None
     results = {name: t.result(ppl_backbone, model.n_blocks) for name, t in tallies.items()}
     if expand and policy_file is not None:
-        _add_matched(results, scoring, policy_file, seed, group)
+        _add_matched(results, context, policy_file, seed, group)
     return results
 
 
-def _add_matched(results: dict, scoring: Scoring, policy_file: PolicyFile, seed: int, group: int) -> None:
+def _add_matched(results: dict, context: EvalContext, policy_file: PolicyFile, seed: int, group: int) -> None:
     """static, influence and random at every skipping ReSkip (or per-sequence) point's measured mean skips, scored in a second
     round that reuses the first round's hidden states and tallies."""
     extra = []
@@ -368,8 +368,8 @@ def _add_matched(results: dict, scoring: Scoring, policy_file: PolicyFile, seed:
                       and m.name not in {e.name for e in extra}]
     if not extra:
         return
-    more = evaluate_methods(scoring.model, scoring.data, [Method("backbone", None), *extra], scoring.window,
-                            scoring.chunk_size, None, seed, group=group, _scoring=scoring)
+    more = evaluate_methods(context.model, context.data, [Method("backbone", None), *extra], context.window,
+                            context.chunk_size, None, seed, group=group, _context=context)
     for m in extra:
         # `more` holds its own backbone row over the same sequences, so its ratios already hold
         results[m.name] = {**more[m.name], "matched": True}

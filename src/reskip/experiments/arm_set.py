@@ -1,5 +1,5 @@
 """An experiment made of arms trained side by side (variants, mix, block-size): every arm gets the preset's training
-budget, the same data and seed; every arm's configuration is checked before the first trains. An experiment of this
+length, the same data and seed; every arm's configuration is checked before the first trains. An experiment of this
 shape says what differs in an `ArmSet` (its arms, how each is measured, which it leaves out on this model, its
 claims and tables); `run_arms` does the rest.
 
@@ -59,7 +59,7 @@ def base_config(options: ExperimentOptions, check: bool = True) -> TrainConfig:
 def header(options: ExperimentOptions, base: TrainConfig) -> dict:
     return {"experiment": options.name, "preset": options.preset, "model": options.model or DEFAULT_BACKBONE,
             "data": list(base.data), "seed": options.seed, "dtype": base.dtype,
-            "budget": {"steps": base.steps, "batch_size": base.batch_size, "seq_len": base.seq_len,
+            "training": {"steps": base.steps, "batch_size": base.batch_size, "seq_len": base.seq_len,
                        "tokens": base.steps * base.batch_size * base.seq_len}}
 
 

@@ -1,5 +1,5 @@
 """One arm of an experiment: a training configuration, trained, calibrated and tested the same way as
-every other arm of that experiment (same data, seed and token budget; only the arm's own keys differ).
+every other arm of that experiment (same data, seed and training tokens; only the arm's own keys differ).
 
 An arm's folder is an ordinary run folder (config.yaml, train_log.jsonl, adapter/, policy.json) plus
 `arm.json`, its measurements; an experiment run again reuses the arms that finished and resumes the
@@ -110,7 +110,7 @@ def run_arm(arm: Arm, base: TrainConfig, folder: Path, measure: Measure, show=pr
         "arm": arm.name, "note": arm.note, "train": arm.train, "retrofit": cfg.retrofit_config().to_dict(),
         "params": sum(p.numel() for p in model.trainable_parameters()),
         "n_blocks": n_blocks, "dtype": opened.dtype, "layers_per_block": [b.stop - b.start for b in model.blocks],
-        "budget": {"steps": cfg.steps, "batch_size": cfg.batch_size, "seq_len": cfg.seq_len,
+        "training": {"steps": cfg.steps, "batch_size": cfg.batch_size, "seq_len": cfg.seq_len,
                    "tokens": cfg.steps * cfg.batch_size * cfg.seq_len},
         "curve": evals,
         "ppl_backbone": evals[0]["ppl_backbone"],

@@ -94,7 +94,7 @@ def run(options: ExperimentOptions, folder: Path, show=print) -> dict | None:
     measured = _measure(pc, folder, best, costs, variants, show)
     out = {"experiment": "baselines", "preset": options.preset, "model": recipe.model, "data": list(recipe.data),
            "seed": recipe.seed, "dtype": measured["dtype"], "lrs": lrs, "target_params": target,
-           "budget": {"steps": recipe.steps, "batch_size": recipe.batch_size, "seq_len": recipe.seq_len,
+           "training": {"steps": recipe.steps, "batch_size": recipe.batch_size, "seq_len": recipe.seq_len,
                       "tokens": recipe.steps * recipe.batch_size * recipe.seq_len},
            "backbone_blocks": {**costs.to_dict(), "dropped": {str(k): costs.cheapest(k) for k in (1, 2)},
                                "influence_would_drop": {str(k): costs.most_similar(k) for k in (1, 2)}},

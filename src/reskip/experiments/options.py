@@ -10,13 +10,13 @@ from ..stage_options import DTYPE_HELP, DTYPE_NAMES, PRESET_HELP, PRESETS
 
 EXPERIMENTS = ("variants", "block-size", "mix", "placement", "scale", "baselines")
 # The second source document's instance: 48 layers of d = 4096 at 4,096 tokens in bf16, 256 MiB of depth states.
-SOURCE_BUDGET_BYTES = 256 * 2**20
+SOURCE_MEMORY_BYTES = 256 * 2**20
 
 
 @dataclass
 class ExperimentOptions:
     name: str = described("variants", "the experiment", choices=EXPERIMENTS)
-    preset: str = described("quick", "the training budget of every arm, one of the pipeline's presets (`scale`'s "
+    preset: str = described("quick", "the training length of every arm, one of the pipeline's presets (`scale`'s "
                                      "arms are presets themselves): " + PRESET_HELP, choices=tuple(PRESETS))
     model: str | None = described(None, "the backbone (None: the bundled SmolLM2-135M-Instruct)")
     data: list[str] = described(default_factory=lambda: ["default"], help="data specs (default: the bundled mix)")
@@ -33,8 +33,8 @@ class ExperimentOptions:
         None, "run only these arms now (names, e.g. 'dialogue only', or folder names, dialogue-only), e.g. one "
               "process per core; results.json is written once every arm of the experiment has finished, in this "
               "process or another sharing OUT; `scale`: presets among standard, long, large (None: every arm)")
-    budget_bytes: int = described(SOURCE_BUDGET_BYTES, "placement: the depth-state memory budget in bytes (the "
-                                                       "second source document's 256 MiB)", low=1)
+    memory_bytes: int = described(SOURCE_MEMORY_BYTES, "placement: the memory the depth states may take, in bytes "
+                                                       "(the second source document's 256 MiB)", low=1)
     context: int | None = described(None, "placement: your context length (None: the model's, at most 8,192)",
                                     low=1)
     dtype_bytes: int = described(2, "placement: bytes per state value (2: bfloat16)", low=1)

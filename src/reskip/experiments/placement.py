@@ -1,13 +1,13 @@
-"""`reskip experiment placement`: where to keep depth states under a memory budget (the second source
+"""`reskip experiment placement`: where to keep depth states under a memory limit (the second source
 document), answered with numbers for the user's model.
 
 States are x_0..x_L (x_l: the input of layer l, x_L the last layer's output), each context x d values.
-A budget of B bytes keeps k = B // (context d bytes) of them. A placement is which k: `uniform` (every
+A limit of B bytes keeps k = B // (context d bytes) of them. A placement is which k: `uniform` (every
 L / k layers from x_0) or `front-loaded` (spacing growing quadratically with depth: more early states,
 the "denser at the start" intuition the document names as a misconception, since dilution mostly makes
 late phases hard to address). What a placement can no longer address is every state it drops.
 
-The reconstruction probe measures what a dropped state costs: on the real backbone, x_j of a dropped
+The reconstruction test measures what a dropped state costs: on the real backbone, x_j of a dropped
 layer j is predicted from the kept states that bracket it (the nearest kept below and above, ridge least
 squares fitted on calibration tokens) and scored on test tokens (R^2 over every feature), beside the
 no-fit answer (copy the nearest kept state below). The incident (a router at layer 30 of 48 needs layer
@@ -28,7 +28,7 @@ from ..errors import ReskipError
 from ..pipeline import PRESETS
 from ..report.diagnose import SOURCE_INSTANCE
 from .arm_set import base_config, header
-from .options import SOURCE_BUDGET_BYTES, ExperimentOptions
+from .options import SOURCE_MEMORY_BYTES, ExperimentOptions
 from .record import claim
 
 RIDGE = 1e-4  # times the mean diagonal of X^T X: keeps the solve stable where kept states are near-collinear
@@ -37,8 +37,8 @@ RIDGE = 1e-4  # times the mean diagonal of X^T X: keeps the solve stable where k
 R2_MARGIN = 0.01
 
 
-def feasible_states(budget_bytes: int, context: int, hidden_size: int, dtype_bytes: int) -> int:
-    return budget_bytes // (context * hidden_size * dtype_bytes)
+def feasible_states(memory_bytes: int, context: int, hidden_size: int, dtype_bytes: int) -> int:
+    return memory_bytes // (context * hidden_size * dtype_bytes)
 
 
 def placements(n_layers: int, k: int) -> dict[str, list[int]]:
@@ -123,7 +123,7 @@ def reconstruct(train: torch.Tensor, test: torch.Tensor, j: int, sources: list[i
             "r2_copy": r2(test[j].double(), test[below].double(), mean), "copy_from": below}
 
 
-def probe(train: torch.Tensor, test: torch.Tensor, kept: list[int]) -> list[dict]:
+def reconstruction_test(train: torch.Tensor, test: torch.Tensor, kept: list[int]) -> list[dict]:
     """Every dropped state from the kept states that bracket it."""
     L = train.shape[0] - 1
     rows = []
@@ -150,17 +150,17 @@ def answer_incident(train: torch.Tensor, test: torch.Tensor, kept: list[int]) ->
 
 
 def run(options: ExperimentOptions, folder: Path, show=print) -> dict:
-    """Budgets, placements and the probe on the user's backbone and data (the preset's config; nothing trains)."""
+    """Budgets, placements and the reconstruction test on the user's backbone and data (the preset's config; nothing trains)."""
     if options.arms:
         raise ReskipError("`placement` has no arms (it trains nothing): drop --arms")
     base = base_config(options, check=False)
     cfg = load_config(base.model, base.trust_remote_code)
     L, d = cfg.num_hidden_layers, cfg.hidden_size
     context = options.context or min(getattr(cfg, "max_position_embeddings", 4096) or 4096, 8192)
-    k_user = feasible_states(options.budget_bytes, context, d, options.dtype_bytes)
+    k_user = feasible_states(options.memory_bytes, context, d, options.dtype_bytes)
     doc = SOURCE_INSTANCE
-    k_doc = feasible_states(SOURCE_BUDGET_BYTES, doc["context"], doc["hidden_size"], doc["dtype_bytes"])
-    # The probe at the user's budget, at the source instance's share of its depth (8 of 48), and at half that
+    k_doc = feasible_states(SOURCE_MEMORY_BYTES, doc["context"], doc["hidden_size"], doc["dtype_bytes"])
+    # The reconstruction test at the user's memory limit, at the source instance's share of its depth (8 of 48), and at half that
     # (the document's 4 states every 12 layers, where the incident is no longer absorbed).
     k_share = max(2, round(L * k_doc / doc["n_layers"]))
     k_half = max(2, round(L * k_doc / 2 / doc["n_layers"]))
@@ -175,29 +175,29 @@ def run(options: ExperimentOptions, folder: Path, show=print) -> dict:
     train_states = torch.cat([layer_states(model, fit.input_ids[i : i + 4]) for i in range(0, len(fit), 4)], 1)
     test_states = torch.cat([layer_states(model, test.input_ids[i : i + 4]) for i in range(0, len(test), 4)], 1)
     settings = {}
-    for label, k in ((f"the budget at context {context}", k_user), ("the source instance's share of depth", k_share),
+    for label, k in ((f"the memory limit at context {context}", k_user), ("the source instance's share of depth", k_share),
                      ("half the source instance's share", k_half)):
         rows = {}
         for name, kept in placements(L, k).items():
-            dropped = probe(train_states, test_states, kept)
-            rows[name] = {"kept": kept, "not_addressable": gaps(kept, L), "probe": dropped,
+            dropped = reconstruction_test(train_states, test_states, kept)
+            rows[name] = {"kept": kept, "not_addressable": gaps(kept, L), "reconstruction": dropped,
                           "mean_r2_fit": _mean([r["r2_fit"] for r in dropped]),
                           "min_r2_fit": min((r["r2_fit"] for r in dropped), default=None),
                           "mean_r2_copy": _mean([r["r2_copy"] for r in dropped]),
                           "incident": answer_incident(train_states, test_states, kept)}
         settings[label] = {"k": min(k, L + 1), "placements": rows}
     out = header(options, base) | {
-        "budget": None, "budget_bytes": options.budget_bytes,
+        "training": None, "memory_bytes": options.memory_bytes,
         "this_model": {"n_layers": L, "hidden_size": d, "context": context, "dtype_bytes": options.dtype_bytes,
                        "state_bytes": context * d * options.dtype_bytes, "feasible_states": min(k_user, L + 1)},
-        "source_instance": {**doc, "budget_bytes": SOURCE_BUDGET_BYTES, "state_bytes": doc["context"] * doc["hidden_size"] * doc["dtype_bytes"],
+        "source_instance": {**doc, "memory_bytes": SOURCE_MEMORY_BYTES, "state_bytes": doc["context"] * doc["hidden_size"] * doc["dtype_bytes"],
                           "feasible_states": k_doc,
                           "placements": {n: {"kept": p, "not_addressable": gaps(p, doc["n_layers"])}
                                          for n, p in placements(doc["n_layers"], k_doc).items()}},
         "tokens": {"fit": int(fit.input_ids.numel()), "test": int(test.input_ids.numel())},
         "settings": settings, "arms": {},
     }
-    out["claims"], out["tables"] = claims(out), {"Placements and the reconstruction probe": table(out)}
+    out["claims"], out["tables"] = claims(out), {"Placements and the reconstruction test": table(out)}
     return out
 
 
@@ -212,7 +212,7 @@ def claims(r: dict) -> list[dict]:
     kept_doc = doc["placements"]["uniform"]["kept"]
     half = placements(doc["n_layers"], doc["feasible_states"] // 2)["uniform"]
     near = min(half, key=lambda i: abs(i - needed))
-    out = [claim(f"{doc['budget_bytes'] / 2**20:.0f} MiB for {doc['n_layers']} layers keeps at most 8 states; uniform "
+    out = [claim(f"{doc['memory_bytes'] / 2**20:.0f} MiB for {doc['n_layers']} layers keeps at most 8 states; uniform "
                  f"every 6 lets layer {requester} read x_{needed} exactly (the incident is absorbed)",
                  f"state = {doc['state_bytes'] / 2**20:.0f} MiB, {doc['feasible_states']} states; uniform keeps "
                  f"{kept_doc}: x_{needed} " + ("kept" if needed in kept_doc else "not kept"),

@@ -66,7 +66,7 @@ def curves_table(arms: dict) -> list[str]:
 
 
 def markdown(result: dict) -> str:
-    b = result.get("budget")
+    b = result.get("training")
     lines = [f"# Experiment: {result['experiment']}", "",
              f"Backbone {result['model']}, data {result['data']}, preset {result['preset']}, seed {result['seed']}"
              + (f"; every arm {b['steps']} steps x {b['batch_size']} x {b['seq_len']} tokens ({b['tokens']:,} tokens)"

@@ -3,7 +3,7 @@ the backbone?
 
 Each arm is the main job (`pipeline.run_pipeline`: parity, training, calibration, evaluation on the test
 split and the held-out kjv, diagnostics with the signal test and its cost probes) at one preset's training
-budget (standard: 0.2M tokens, long: 0.8M, large: 2M) on one backbone (`--model`). An arm's folder,
+length (standard: 0.2M tokens, long: 0.8M, large: 2M) on one backbone (`--model`). An arm's folder,
 OUT/experiments/scale/arms/<backbone>-<preset>, is an ordinary run folder, resumed as any run (a stopped
 training continues from its last checkpoint), so one process per core can run arms side by side. The
 results hold every finished arm found there, whichever backbone, read from the runs' files only:

@@ -1,6 +1,6 @@
 """`reskip experiment variants`: the recipe against the three designs the first source document says
 "do not work", each a `RetrofitConfig.variant` of the same modules, trained with the same loss, data,
-seed and budget. The document's predictions, confronted with what the arms measure:
+seed and training length. The document's predictions, confronted with what the arms measure:
 
 - direct interpolation (x_n = (1 - gamma) h_{n-1} + gamma r_n) degrades as gamma rises;
 - the gamma-free adapter (no gate, no curriculum) dents perplexity early;

@@ -1,6 +1,6 @@
 """The report's experiment sections: one per RUN/experiments/NAME/results.json (`reskip experiment`),
 read from the files only: the claims with their verdicts, the arms side by side, and every arm's
-validation perplexity curve (placement: its placements and probe)."""
+validation perplexity curve (placement: its placements and reconstruction test)."""
 
 from __future__ import annotations
 

@@ -107,10 +107,15 @@ class InferenceRun:
     specs: list[Spec] = field(default_factory=list)  # after the dense fallback
     seed: int = 0
     dtype: str = "float32"  # the backbone's compute dtype, resolved ('auto' never appears here)
+    policies: dict[str, SkipPolicy] = field(default_factory=dict)  # spec text -> the policy built when opened
 
     def policy(self, spec: Spec | None = None) -> SkipPolicy:
-        """The policy of `spec` (default: the first spec opened with) from this run's policy file."""
-        return make_policy(spec or self.specs[0], self.policy_file, self.seed)
+        """The policy of `spec` (default: the first spec opened with): the one built when the run was opened, or
+        a new one from this run's policy file for a spec it was not opened with."""
+        spec = spec or self.specs[0]
+        if spec.text in self.policies:
+            return self.policies[spec.text]
+        return make_policy(spec, self.policy_file, self.seed)
 
 
 def open_run(path, specs: Sequence[Spec] = (), *, model: str | None = None, dtype: str | torch.dtype = "auto",
@@ -129,12 +134,11 @@ def open_run(path, specs: Sequence[Spec] = (), *, model: str | None = None, dtyp
         policy_file = PolicyFile.load(source.policy_path)  # the error says how to make one
     if dense_fallback:
         specs = [dense_if_uncalibrated(s, policy_file, source.adapter_dir) for s in specs]
-    for s in specs:  # a bad spec fails here, before the model loads
-        if s.kind in BUILDERS:
-            make_policy(s, policy_file, seed)
+    # every policy is built here, so a bad spec fails before the model loads; they are kept for use
+    policies = {s.text: make_policy(s, policy_file, seed) for s in specs if s.kind in BUILDERS}
     rm, tokenizer = load_retrofitted(source, model, dtype, trust_remote_code)
     if policy_file is not None:
         policy_file.check_model(rm)
     window = window or (policy_file.data["window"] if policy_file else DEFAULT_WINDOW)
     dtype_name = resolve_dtype_name(next(rm.base_model.parameters()).dtype)
-    return InferenceRun(source, rm, tokenizer, policy_file, window, list(specs), seed, dtype_name)
+    return InferenceRun(source, rm, tokenizer, policy_file, window, list(specs), seed, dtype_name, policies)

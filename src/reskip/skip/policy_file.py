@@ -20,7 +20,7 @@ from ..errors import ReskipError
 from ..io_atomic import atomic_write_json
 from ..reading import is_finite_number, read_json
 from ..run_files import upgraded, version_of
-from ..ar_retrofit.adapter_io import fingerprint
+from ..ar_retrofit.adapter_io import fingerprint, names_before_rename
 from ..ar_retrofit.model import ReskipModel
 from .policies import HeldReSkip, NoSkip, RandomSkip, ReSkip, SequenceSkip, SkipPolicy, StaticSkip
 from .spec import GRAMMAR, PolicyError, Spec
@@ -28,9 +28,14 @@ from .spec import GRAMMAR, PolicyError, Spec
 FORMAT_VERSION = version_of("policy.json")
 
 
-def side_channel_digest(model: ReskipModel) -> str:
+def side_channel_digest(model: ReskipModel, legacy_names: bool = False) -> str:
+    """A short hash of the adapter's tensors and their names (`legacy_names`: the names adapters had before
+    `adapter_io.FORMAT_VERSION` 3, which the digests of older policy files were taken over)."""
     digest = hashlib.sha256()
-    for name, t in sorted(model.adapter_state().items()):
+    state = model.adapter_state()
+    if legacy_names:
+        state = {names_before_rename(name): t for name, t in state.items()}
+    for name, t in sorted(state.items()):
         digest.update(name.encode())
         digest.update(t.detach().float().cpu().numpy().tobytes())
     return digest.hexdigest()[:16]
@@ -84,6 +89,7 @@ class PolicyFile:
         for key in ("backbone", "adapter"):
             need(isinstance(d[key], dict), f"{key} must be an object (a fingerprint written by `reskip calibrate`)")
         need(d["format_version"] == FORMAT_VERSION, f"format_version must be {FORMAT_VERSION}")
+        need(isinstance(d["adapter"].get("legacy_tensor_names"), bool), "adapter.legacy_tensor_names must be true or false")
         need(_integer(d["window"]) and d["window"] >= 1, f"window must be an integer >= 1, got {d['window']!r}")
         need(_integer(d["max_skips"]) and d["max_skips"] >= 0, f"max_skips must be >= 0, got {d['max_skips']!r}")
         need(is_finite_number(d["quantile"]) and 0.0 <= d["quantile"] <= 1.0, f"quantile must lie in [0, 1], got {d['quantile']!r}")
@@ -133,7 +139,8 @@ class PolicyFile:
         diffs = [k for k in ("family", "num_layers", "hidden_size", "config_hash", "weights_digest") if saved.get(k) != actual[k]]
         if diffs:
             raise PolicyError(f"{self.path}: calibrated for another backbone (differs in {', '.join(diffs)}); recalibrate")
-        if self.data["adapter"].get("side_channel_digest") != side_channel_digest(model):
+        adapter = self.data["adapter"]
+        if adapter.get("side_channel_digest") != side_channel_digest(model, adapter["legacy_tensor_names"]):
             raise PolicyError(f"{self.path}: calibrated for another adapter; run `reskip calibrate` for this one")
         saved_forward = self.data["adapter"]["forward_config"]  # None: an upgraded file that did not keep it
         if saved_forward is not None and saved_forward != forward_config(model):
