@@ -11,6 +11,7 @@ import pytest
 from helpers import save_tiny, write_corpus
 from reskip.cli import main
 from reskip.report.html import report_run
+from reskip.report.options import ReportOptions
 
 pytestmark = pytest.mark.integration  # whole commands end to end
 
@@ -109,3 +110,23 @@ def test_report_renders_in_headless_chromium(pipeline_run, tmp_path):
     assert res.returncode == 0 and shot.is_file() and shot.stat().st_size > 20_000, res.stderr[-2000:]
     ARTIFACTS.mkdir(exist_ok=True)
     shutil.copy(shot, ARTIFACTS / "report.png")
+
+
+def test_the_report_of_the_committed_main_job_fits_1280_px(tmp_path):
+    """The standard main job's own files (docs/results/main-standard, the widest tables the report shows) as a
+    person opens them: at 1280 px nothing overflows sideways, no table or figure runs past the page."""
+    from playwright.sync_api import sync_playwright
+
+    page_file = report_run(Path(__file__).resolve().parent.parent / "docs" / "results" / "main-standard",
+                           ReportOptions(out=str(tmp_path / "report")))
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=_chromium(), args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.goto(page_file.resolve().as_uri())
+        page.wait_for_function("document.body.getAttribute('data-status') !== null")
+        width = page.evaluate("[document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+        wide = page.evaluate("Array.from(document.querySelectorAll('table, figure, img, p'))"
+                             ".filter(e => e.getBoundingClientRect().right > document.documentElement.clientWidth)"
+                             ".map(e => e.tagName + ' after ' + (e.previousElementSibling || {}).textContent)")
+        browser.close()
+    assert width[0] <= width[1] and not wide, (width, wide[:5])

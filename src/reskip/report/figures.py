@@ -19,6 +19,18 @@ import numpy as np  # noqa: E402
 from ..train.log import records  # noqa: E402
 
 
+def _legend_below(ax, ncol: int = 4, handles=None, labels=None) -> None:
+    """A legend under the axes, off the data (the saved figure's bounds take it in)."""
+    args = (handles, labels) if handles is not None else ()
+    ax.legend(*args, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=ncol, fontsize=8, frameon=False)
+
+
+def _legend_right(ax, handles=None, labels=None, ncol: int = 1) -> None:
+    """A legend right of the axes, off the data."""
+    args = (handles, labels) if handles is not None else ()
+    ax.legend(*args, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False, ncol=ncol)
+
+
 def _png(fig) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
@@ -29,21 +41,22 @@ def _png(fig) -> bytes:
 # ---- figures: each returns (title, png bytes, caption) ------------------------------------------
 def fig_training(log):
     trains, evals = records(log, "train"), records(log, "eval")
-    fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2), constrained_layout=True)
     steps = [r["step"] for r in trains]
     for key in ("loss", "ce", "kl", "entropy"):
         axes[0].plot(steps, [r[key] for r in trains], label=key)
-    axes[0].set_xlabel("step"); axes[0].set_title("loss terms (train batches)"); axes[0].legend()
+    axes[0].set_xlabel("step"); axes[0].set_title("loss terms (train batches)"); _legend_below(axes[0])
     ax2 = axes[1]
     ax2.plot(steps, [r["c"] for r in trains], color="tab:orange", label="c(t)")
     ax2.plot(steps, [r["lr"] / max(r2["lr"] for r2 in trains) for r in trains], color="tab:gray", label="lr / max lr")
-    ax2.set_xlabel("step"); ax2.set_title("gate curriculum c(t) and learning rate"); ax2.legend()
+    ax2.set_xlabel("step"); ax2.set_title("gate curriculum c(t) and learning rate"); _legend_below(ax2)
     if evals:
         blocks = sorted(evals[-1]["entropy"], key=int)
         for n in blocks:
             line, = axes[2].plot([e["step"] for e in evals], [e["entropy"][n] for e in evals], marker="o", label=f"block {n}")
             axes[2].axhline(evals[-1]["entropy_max"][n], color=line.get_color(), ls=":", lw=0.8)
-        axes[2].set_xlabel("step"); axes[2].set_title("alpha entropy per block (dotted: log n)"); axes[2].legend(fontsize=7)
+        axes[2].set_xlabel("step"); axes[2].set_title("alpha entropy per block (dotted: log n)")
+        _legend_below(axes[2], ncol=4)
     caption = ("Training loss terms per step, the gate curriculum c(t), and the validation entropy of each router's alpha "
                "against its maximum log n. Measures optimisation progress on this run's data; a falling loss does not "
                "show that blocks became skippable (see A(n)) or that routing is meaningful (see the ablations).")
@@ -79,7 +92,8 @@ def fig_importance(policy):
     ax2 = ax.twinx()
     ax2.bar([n + 0.2 for n in ns], [b["I"] or 0 for b in blocks], width=0.4, label="I(n) routing importance", color="tab:blue")
     ax2.set_ylim(0, 1); ax2.set_ylabel("I(n) = max_l E[alpha_{n->l}]")
-    ax.legend(loc="upper left", fontsize=8); ax2.legend(loc="upper right", fontsize=8)
+    (h1, l1), (h2, l2) = ax.get_legend_handles_labels(), ax2.get_legend_handles_labels()
+    ax.legend(h1 + h2, l1 + l2, loc="lower center", bbox_to_anchor=(0.5, 1.02), ncol=3, fontsize=8, frameon=False)
     caption = ("Ablation cost A(n) beside routing importance I(n), per block, on the calibration split. A(n) is the test "
                "that can refute 'block n matters'; I(n) alone cannot (a low-routing block may still carry load through "
                "the residual path). Blocks under the dashed line are eligible for skipping.")
@@ -90,18 +104,26 @@ def fig_thresholds(policy):
     routed = [b for b in policy["blocks"] if b.get("histogram")]
     cols = min(4, len(routed))
     rows = -(-len(routed) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols, 2.6 * rows), squeeze=False)
-    edges = np.linspace(0, 1, 21)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols, 2.8 * rows), squeeze=False, constrained_layout=True)
+    grid = np.linspace(0, 1, 101)
     for ax, b in zip(axes.flat, routed):
-        ax.bar(edges[:-1], b["histogram"], width=0.05, align="edge", color="tab:blue" if b["eligible"] else "tab:gray")
+        # the distribution as its quantile curve (101 stored quantiles), on an axis fitted to this block's values:
+        # w_recent spans a few hundredths, so a 0-1 axis would show a single spike
+        q = np.asarray(b["w_recent_quantiles"], dtype=float)
+        ax.plot(q, grid, color="tab:blue" if b["eligible"] else "tab:gray", lw=1.5)
         ax.axvline(b["tau"], color="tab:orange", lw=1.5)
-        ax.set_title(f"block {b['block']} ({'eligible' if b['eligible'] else 'not eligible'})", fontsize=9)
-        ax.set_xlim(0, 1)
+        pad = max(1e-4, 0.1 * (q[-1] - q[0]))
+        ax.set_xlim(q[0] - pad, q[-1] + pad); ax.set_ylim(0, 1)
+        ax.tick_params(axis="x", labelsize=7, labelrotation=30)
+        ax.set_title(f"block {b['block']} ({'eligible' if b['eligible'] else 'not eligible'}), "
+                     f"width {q[-1] - q[0]:.3f}", fontsize=9)
     for ax in list(axes.flat)[len(routed):]:
         ax.axis("off")
     fig.supxlabel(f"w_recent(n): mean alpha_(n-1 -> n) over the last {policy['window']} tokens; orange: tau_n "
                   f"(quantile {policy['quantile']})", fontsize=9)
-    caption = ("Calibration distribution of w_recent(n) per block and the threshold tau_n read off it. A step skips block n "
+    fig.supylabel("share of steps with w_recent(n) <= x", fontsize=9)
+    caption = ("Calibration distribution of w_recent(n) per block (the share of steps at or below each value; each axis "
+               "spans that block's own values, its width in the title) and the threshold tau_n read off it. A step skips block n "
                "when w_recent(n) > tau_n, n is eligible and fewer than max_skips blocks were skipped. The distribution is "
                "a property of the calibration text; other text (another domain or modality) needs recalibration.")
     return "Thresholds and w_recent distributions", _png(fig), caption
@@ -114,11 +136,11 @@ def fig_token_view(trace):
     n = eligible[0] if eligible else int(sorted(trace["tau"], key=int)[len(trace["tau"]) // 2])
     w = [s["w_recent"].get(str(n)) for s in steps]
     skipped = [len(s["skipped"]) for s in steps]
-    fig, (ax0, ax1) = plt.subplots(2, 1, figsize=(14, 4.8), gridspec_kw={"height_ratios": [1, 1.3]})
+    fig, (ax0, ax1) = plt.subplots(2, 1, figsize=(14, 5.2), gridspec_kw={"height_ratios": [1, 1.3], "hspace": 0.45})
     ax0.plot(range(len(w)), w, color="k", lw=1)
     ax0.scatter(range(len(w)), w, c=["tab:orange" if n in s["skipped"] else "k" for s in steps], s=14, zorder=3)
     ax0.axhline(trace["tau"][str(n)], ls="--", color="tab:orange", label=f"tau_{n}")
-    ax0.set_ylabel(f"w_recent({n})"); ax0.legend(fontsize=8, loc="upper right"); ax0.set_xlim(-0.5, len(w) - 0.5)
+    ax0.set_ylabel(f"w_recent({n})"); _legend_right(ax0); ax0.set_xlim(-0.5, len(w) - 0.5)
     # The whole range of a routing weight, with the spread printed: a zoomed axis makes noise look like a signal.
     ax0.set_ylim(0, 1)
     seen = [v for v in w if v is not None]
@@ -153,7 +175,7 @@ def fig_dilution(d):
     ax.plot(d["layers"], d["toy_model"], ls="--", color="k", label="toy model 1 / (1 + 0.25 l)")
     for e in d["block_ends"]:
         ax.axvline(e, color="gray", lw=0.5, ls=":")
-    ax.set_yscale("log"); ax.set_xlabel("layer l"); ax.set_ylabel("share of h0"); ax.legend(fontsize=8)
+    ax.set_yscale("log"); ax.set_xlabel("layer l"); ax.set_ylabel("share of h0"); _legend_right(ax)
     caption = ("Share of the embedding state h0 in each later residual state of the frozen backbone (mean over test "
                "tokens, first token excluded), beside the source document's toy model (orthogonal contributions of norm "
                "0.5). Dotted lines: block boundaries. Measures how diluted h0 is; says nothing about whether later "
@@ -162,13 +184,16 @@ def fig_dilution(d):
 
 
 def fig_memory(mem):
-    fig, axes = plt.subplots(1, 2, figsize=(12, 3.6))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 3.6), gridspec_kw={"wspace": 0.75})
     for ax, table, title in ((axes[0], mem["this_model"][0], "this model"), (axes[1], mem["source_instance"], "48 layers, d=4096 (source design)")):
         names = [r["granularity"] for r in table["rows"]]
         ax.barh(names, [r["mib"] for r in table["rows"]], color="tab:green")
         for i, r in enumerate(table["rows"]):
             ax.text(r["mib"], i, f" {r['mib']:.1f} MiB ({r['states']} states)", va="center", fontsize=8)
-        ax.set_xscale("log"); ax.set_title(f"{title}: {table['context']} tokens, {table['dtype_bytes']} bytes/value", fontsize=9)
+        # room right of the longest bar for its label (a log axis: a factor, not a sum)
+        ax.set_xscale("log")
+        ax.set_xlim(min(r["mib"] for r in table["rows"]) / 3, max(r["mib"] for r in table["rows"]) * 12)
+        ax.set_xlabel("MiB"); ax.set_title(f"{title}: {table['context']} tokens, {table['dtype_bytes']} bytes/value", fontsize=9)
     caption = ("Memory of keeping depth states (context x d x bytes per state) at each granularity, computed for this model "
                "and for the source document's 48-layer instance. Coarser granularity costs less and can no longer address "
                "the states between kept ones (see the table below).")
@@ -202,7 +227,7 @@ def fig_frontier(results):
                     mfc="none" if suffix else color)
     ax.set_xlabel("share of layer FLOPs executed"); ax.set_ylabel("perplexity / backbone")
     ax.axhline(1.0, color="k", lw=0.5)
-    ax.invert_xaxis(); ax.legend(fontsize=7, ncol=2)
+    ax.invert_xaxis(); _legend_right(ax, ncol=2 if len(tables) > 1 else 1)
     caption = ("Quality against compute on the test split: each point a method or operating point (static, influence "
                "and random at each ReSkip point's measured mean skips; a fractional count mixes k and k + 1 blocks "
                "across steps). Lower-left is better. Hollow markers: the same methods on the held-out source with the "
@@ -228,7 +253,11 @@ def fig_signal_test(st):
                 ha="center", va="bottom", fontsize=6)
     ax.set_xticks(range(len(rows)), [f"block {r['block']}" for r in rows])
     ax.axhline(1.0, color="k", lw=0.6)
-    ax.set_ylabel("perplexity / full model"); ax.legend(fontsize=8)
+    # the axis fitted to the bars (with 1.0 in view) and room above the tallest for its interval label
+    values = [v for r in rows for v in r["ppl_ratio"].values()] + [1.0]
+    lo, hi = min(values), max(values)
+    ax.set_ylim(lo - 0.1 * (hi - lo), hi + 0.3 * (hi - lo))
+    ax.set_ylabel("perplexity / full model"); _legend_right(ax)
     ax.set_title(f"block n as identity at {max(st['rates']):.0%} of positions (labels: signal - random, 95% CI)",
                  fontsize=9)
     caption = ("The signal test on the test split: block n replaced by identity at a fraction p of each sequence's "

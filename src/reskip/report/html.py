@@ -35,7 +35,7 @@ def _load(path: Path):
 # ---- page ---------------------------------------------------------------------------------------
 STYLE = """body{font-family:system-ui,sans-serif;max-width:1150px;margin:2em auto;padding:0 1em;color:#222}
 figure{margin:1.5em 0}img{max-width:100%}figcaption{color:#555;font-size:.9em}
-table{border-collapse:collapse;font-size:.85em}td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}
+table{border-collapse:collapse;font-size:.85em;max-width:100%}td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}
 .missing{background:#fff4e5;border-left:4px solid #f0a030;padding:.5em 1em}.bad{color:#b00}"""
 SCRIPT = """window.addEventListener('load',function(){var imgs=document.querySelectorAll('img');var ok=0;
 imgs.forEach(function(i){if(i.complete&&i.naturalWidth>0){ok++}});
@@ -141,6 +141,10 @@ def policy_section(page: Page, pol: dict) -> None:
                "evaluation below.</p>")
 
 
+def _blocks(ns: list) -> str:
+    return ("block " if len(ns) == 1 else "blocks ") + ", ".join(map(str, ns))
+
+
 def diagnostics_section(page: Page, diag: dict) -> None:
     if diag.get("sample_trace"):
         page.figure(fig_token_view(diag["sample_trace"]))
@@ -148,9 +152,14 @@ def diagnostics_section(page: Page, diag: dict) -> None:
     page.figure(fig_memory(diag["memory"]))
     page.add("<h3>What each granularity can no longer address</h3>"
              + _table(diag["memory"]["this_model"][0]["rows"], ["granularity", "states", "mib", "not_addressable", "cannot_ask"]))
-    page.add("<h3>Routing health</h3>" + _table(diag["routing_health"], [
+    # the table names each status by its word; what each one found is said once below it
+    health = diag["routing_health"]
+    found = dict.fromkeys(r["status"] for r in health if ":" in r["status"])
+    page.add("<h3>Routing health</h3>" + _table([{**r, "status": r["status"].split(":")[0]} for r in health], [
         "block", "entropy", "entropy_max", "entropy_ratio", "alpha_on_prev", "top_source", "alpha_prev_std",
         "w_recent_p05", "w_recent_p95", "w_recent_range", "status"])
+        + "".join(f"<p class='note'>{_blocks([r['block'] for r in health if r['status'] == text])}: "
+                  f"{html.escape(text)}</p>" for text in found)
         + "<p>Spread of alpha_{n-1->n} and w_recent(n) over the test tokens. FLAT, COLLAPSED (on h_{n-1} or an "
           "earlier state) and INPUT-INDEPENDENT (w_recent's 5-95% range under 0.02) are failures of the "
           "routing, not successes.</p>")

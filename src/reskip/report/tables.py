@@ -6,7 +6,8 @@ import html
 
 
 def html_table(rows: list[dict], cols: list[str]) -> str:
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+    # a long column name may break after its underscores, so a wide table still fits the page
+    head = "".join(f"<th>{html.escape(c).replace('_', '_<wbr>')}</th>" for c in cols)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(fmt(r.get(c)))}</td>" for c in cols) + "</tr>" for r in rows)
     return f"<table><tr>{head}</tr>{body}</table>"
 
