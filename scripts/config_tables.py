@@ -1,4 +1,4 @@
-"""Rewrite docs/guide.md's tables of every training and retrofit key from the config dataclasses' own help
+"""Rewrite docs/guide.md's tables of every training and retrofit key and every stage option from their dataclasses' own help
 text (`reskip.config_fields`): `python scripts/config_tables.py`. tests/test_docs.py fails when they differ."""
 
 from __future__ import annotations
@@ -8,12 +8,18 @@ import sys
 from pathlib import Path
 
 from reskip.ar_retrofit.config import RetrofitConfig
+from reskip.calibrate.options import CalibrateOptions
 from reskip.config_fields import markdown_table
+from reskip.evaluate.options import EvalOptions
+from reskip.report.options import DiagnoseOptions
 from reskip.train_config import TrainConfig
 
 GUIDE = Path(__file__).resolve().parent.parent / "docs" / "guide.md"
 TABLES = {"train-keys": lambda: markdown_table(TrainConfig, skip=("retrofit",)),
-          "retrofit-keys": lambda: markdown_table(RetrofitConfig)}
+          "retrofit-keys": lambda: markdown_table(RetrofitConfig),
+          "calibrate-options": lambda: markdown_table(CalibrateOptions),
+          "eval-options": lambda: markdown_table(EvalOptions),
+          "diagnose-options": lambda: markdown_table(DiagnoseOptions)}
 
 
 def render(text: str) -> str:

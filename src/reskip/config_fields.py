@@ -53,9 +53,10 @@ def check_fields(options) -> None:
 
 
 def _default(f: dataclasses.Field) -> str:
-    if f.default_factory is not dataclasses.MISSING:
-        return repr(f.default_factory())
-    return "null" if f.default is None else repr(f.default)
+    value = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+    if isinstance(value, (list, tuple)):  # parsed specs are shown as written
+        value = type(value)(getattr(v, "text", v) for v in value)
+    return "null" if value is None else repr(value)
 
 
 def markdown_table(cls, skip: tuple[str, ...] = ()) -> str:
