@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from .backbones.dtypes import describe, resolve_dtype_name
@@ -21,7 +21,7 @@ from .memory import peak_rss_gib
 from .report.diagnose import diagnose_run
 from .report.html import report_run
 from .report.options import DiagnoseOptions
-from .errors import ReskipError, check_range
+from .errors import ReskipError
 from .evaluate.options import EvalOptions
 from .evaluate.stage import evaluate_run, margin_violations
 from .evaluate.tables import markdown
@@ -37,7 +37,8 @@ from .train.loop import check_against_backbone, train_run
 from .run_lock import writing
 from .runs import RunFolder
 from .run_files import read_run_file, stamped
-from .stage_options import PRESETS, ParityOptions
+from .config_fields import check_fields
+from .stage_options import PRESETS, ParityOptions, RunOptions
 
 HELDOUT = ("kjv",)  # `reskip.data.heldout`: a source no stage trains or calibrates on
 MC_METHODS = ("backbone", "retrofit", "reskip:budget=1")
@@ -45,22 +46,14 @@ STAGES = ("parity", "train", "calibrate", "eval", "diagnose", "report")
 RETROFIT_KEYS = ("block_size", "rank", "boundaries", "skip_path", "shortcut_rank", "variant")
 
 @dataclass
-class PipelineConfig:
-    """What a run is made of: the preset's settings, the backbone, the training data, training
-    values that override the preset (TrainConfig keys; block_size, rank and boundaries set the
-    retrofit), and the calibration's delta. Recorded in pipeline.json, so a resumed run is the same."""
-
-    preset: str = "standard"
-    model: str | None = None
-    data: list[str] = field(default_factory=lambda: ["default"])
-    overrides: dict = field(default_factory=dict)
-    delta: float = 1.0
-    dtype: str = "auto"  # every stage's backbone dtype ('auto' is resolved once, when the run starts)
+class PipelineConfig(RunOptions):
+    """A run's options (`RunOptions`: the preset, the backbone, the data, training values over the preset, the
+    calibration's delta, the dtype) and the stages' options they give."""
 
     def check(self) -> None:
         if self.preset not in PRESETS:
             raise ReskipError(f"unknown preset {self.preset!r}; valid: {', '.join(PRESETS)}")
-        check_range("delta", self.delta, 0.0)
+        check_fields(self)
         resolve_dtype_name(self.dtype)  # an unknown name fails here
         cfg = self.train_config()
         cfg.validate()

@@ -59,6 +59,24 @@ class StageOptions:
 
 
 @dataclass
+class RunOptions:
+    """What a run of the main job is made of (recorded in pipeline.json, so a resumed run is the same); the pipeline's
+    `PipelineConfig` adds the stages' options derived from them."""
+
+    preset: str = described("standard", PRESET_HELP, choices=tuple(PRESETS))
+    model: str | None = described(None, "the backbone (None: the bundled SmolLM2-135M-Instruct)")
+    data: list[str] = described(default_factory=lambda: ["default"], help="training data specs (default: the "
+                                                                          "bundled mix)")
+    overrides: dict = described(default_factory=dict, help="training values over the preset's (TrainConfig keys; "
+                                                           "block_size, rank, boundaries, ... set the retrofit)")
+    delta: float = described(1.0, "calibration: a block is eligible for skipping when its ablation cost A(n) "
+                                  "(perplexity with the block skipped / without) < 1 + delta; 1.0 admits every block "
+                                  "whose skipping at most doubles perplexity", low=0.0)
+    dtype: str = described("auto", DTYPE_HELP + "; every stage's ('auto' is resolved once, when the run starts)",
+                           choices=DTYPE_NAMES)
+
+
+@dataclass
 class ParityOptions:
     """The parity stage's options: the backbone, and the retrofit whose step-zero parity is checked."""
 

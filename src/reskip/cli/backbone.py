@@ -11,11 +11,16 @@ from pathlib import Path
 from ..reading import read_json
 from ..runs import RunFolder
 from ..stage_options import ParityOptions
-from .common import dtype_flag, examples, model_flags, retrofit_config, retrofit_flags
+from .common import dtype_flag, examples, retrofit_config, retrofit_flags
+from .options import add_option_flags, options_from_args
 
 
 def _emit(result: dict, as_json: bool, lines: list[str]) -> None:
     print(json.dumps(result) if as_json else "\n".join(lines))
+
+
+def parity_options(args) -> ParityOptions:
+    return options_from_args(ParityOptions, args, retrofit=retrofit_config(args))
 
 
 def cmd_parity(args) -> int:
@@ -24,8 +29,9 @@ def cmd_parity(args) -> int:
 
     from ..backbones.dtypes import describe  # lazy: torch
 
-    r, _ = parity_of(args.model, args.dtype, retrofit_config(args), args.trust_remote_code)
-    result = {"model": args.model or DEFAULT_BACKBONE, "dtype": describe(args.dtype), **r}
+    o = parity_options(args)
+    r, _ = parity_of(o.model, args.dtype, o.retrofit, o.trust_remote_code)
+    result = {"model": o.model or DEFAULT_BACKBONE, "dtype": describe(args.dtype), **r}
     _emit(result, args.json, [
         f"parity of {result['model']} ({result['dtype']}) at c = 0 over {result['tokens']} tokens "
         f"({result['padded_rows']} padded rows), {result['n_blocks']} blocks, rank {result['rank']}:",
@@ -53,15 +59,14 @@ def cmd_params(args) -> int:
 def cmd_run_parity(args) -> int:
     from ..parity_stage import parity_run  # lazy: torch
 
-    result = read_json(parity_run(Path(args.out), ParityOptions(args.model, args.trust_remote_code,
-                                                                retrofit_config(args))))
+    result = read_json(parity_run(Path(args.out), parity_options(args)))
     print(f"wrote {RunFolder(args.out).parity}")
     return 0 if all(r["equal"] for r in result["parity"]) else 1
 
 
 def register(sub) -> None:
     p = sub.add_parser("parity", help="check bit-exact parity with the backbone at c = 0", **examples("parity"))
-    model_flags(p)
+    add_option_flags(p, ParityOptions, skip=("retrofit",), config_file=False)
     retrofit_flags(p)
     dtype_flag(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -76,7 +81,7 @@ def register(sub) -> None:
 
     p = sub.add_parser("run-parity", help="pipeline stage: parity in fp32 + bf16 and parameters -> OUT/parity.json",
                        **examples("run-parity"))
-    model_flags(p)
+    add_option_flags(p, ParityOptions, skip=("retrofit",), config_file=False)
     retrofit_flags(p)
     p.add_argument("--out", required=True, help="the run folder parity.json is written into (required)")
     p.set_defaults(func=cmd_run_parity)

@@ -67,14 +67,6 @@ def examples(command: str) -> dict:
             "formatter_class": RawEpilog}
 
 
-def model_flags(p: argparse.ArgumentParser, dtype: bool = False) -> None:
-    p.add_argument("--model", default=None, help="HF id, local folder or .gguf (default: the run's, else the "
-                                                 "bundled SmolLM2-135M-Instruct)")
-    p.add_argument("--trust-remote-code", action="store_true", help="allow the model's own Python code to run")
-    if dtype:
-        dtype_flag(p)
-
-
 def dtype_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=DTYPE_NAMES, default="auto", help=f"{DTYPE_HELP} (default: auto)")
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ..stage_options import PRESET_HELP
-from .common import PRESETS, dtype_flag, examples, training_flags, training_values, retrofit_flags, retrofit_values
+from ..stage_options import RunOptions
+from .options import add_option_flags, options_from_args
+from .common import examples, training_flags, training_values, retrofit_flags, retrofit_values
 from ..reading import read_json
 from ..train.log import format_summary
 from ..runs import RunFolder
@@ -23,11 +24,13 @@ def run_overrides(args) -> dict:
     return overrides
 
 
+RUN_CONVERTERS = {"data": lambda specs: list(specs) or ["default"]}
+
+
 def cmd_run(args) -> int:
     from ..pipeline import PipelineConfig, run_pipeline  # lazy: torch
 
-    config = PipelineConfig(preset=args.preset, model=args.model, data=args.data or ["default"],
-                            overrides=run_overrides(args), delta=args.delta, dtype=args.dtype)
+    config = options_from_args(PipelineConfig, args, RUN_CONVERTERS, overrides=run_overrides(args))
     out = Path(args.resume or args.out or f"runs/run-{time.strftime('%Y%m%d-%H%M%S')}")
     t = time.time()
     state = run_pipeline(out, config, resume=bool(args.resume))
@@ -50,17 +53,10 @@ def register(sub) -> None:
                        **examples("run"))
     p.add_argument("--out", help="run folder (default: runs/run-<timestamp>)")
     p.add_argument("--resume", metavar="RUN", help="continue RUN from its last finished stage and checkpoint (default: a new run)")
-    p.add_argument("--preset", choices=PRESETS, default="standard", help=f"{PRESET_HELP} (default: standard)")
-    p.add_argument("--model", default=None, help="backbone (default: the bundled SmolLM2-135M-Instruct)")
-    p.add_argument("--data", nargs="+", default=None, help="training data specs (default: the bundled mix)")
-    dtype_flag(p)
+    add_option_flags(p, RunOptions, skip=("overrides",), converters=RUN_CONVERTERS)
     training_flags(p)
     p.add_argument("--recompute", action="store_true",
                    help="recompute the frozen layers' activations in the backward pass: the standard run under 4 GB "
                         "resident for about 11%% more training time (see Training)")
     retrofit_flags(p)
-    p.add_argument("--delta", type=float, default=1.0,
-                   help="calibration: a block is eligible for skipping when its ablation cost A(n) (perplexity with "
-                        "the block skipped / without) < 1 + delta; 1.0 admits every block whose skipping at most "
-                        "doubles perplexity (default: 1.0)")
     p.set_defaults(func=cmd_run)

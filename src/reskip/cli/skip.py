@@ -4,10 +4,11 @@ Library imports happen inside the handlers (marked `lazy:`) so that `reskip --he
 
 from __future__ import annotations
 
-from ..errors import ReskipError, check_range
+from ..errors import ReskipError
 from ..calibrate.options import CalibrateOptions
-from ..skip.spec import GRAMMAR, parse_spec
-from .common import adapter_flag, examples, model_flags
+from ..skip.generate_options import GenerateOptions
+from ..skip.spec import parse_spec
+from .common import adapter_flag, examples
 from .options import add_option_flags, options_from_args
 
 CALIBRATE_CONVERTERS = {"budgets": lambda values: parse_budgets(values)}
@@ -39,11 +40,8 @@ def parse_budgets(values) -> tuple[float, ...]:
 
 
 def cmd_generate(args) -> int:
-    check_range("window", args.window, 1)
-    check_range("max-new-tokens", args.max_new_tokens, 1)
-    check_range("top-p", args.top_p, 0.0, 1.0)
-    check_range("temperature", args.temperature, 0.0)
-    if args.top_p == 0 or args.temperature == 0:
+    o = options_from_args(GenerateOptions, args)
+    if o.top_p == 0 or o.temperature == 0:
         raise ReskipError("--temperature and --top-p must be > 0 (for greedy decoding leave out --sample)")
     if not args.prompt.strip():
         raise ReskipError("the prompt is empty: give the text to continue")
@@ -51,16 +49,16 @@ def cmd_generate(args) -> int:
         args.prompt.encode("utf-8")
     except UnicodeEncodeError:
         raise ReskipError("the prompt is not valid UTF-8 text (it holds undecodable bytes); pass it as UTF-8") from None
-    spec = parse_spec(args.policy, allow_path=True)
+    spec = parse_spec(o.policy, allow_path=True)
     from ..skip.scoring import generate_text  # lazy: torch
     from ..skip.inference_run import open_run  # lazy: torch
 
-    opened = open_run(args.adapter, [spec], model=args.model, dtype=args.dtype, window=args.window,
-                      seed=args.seed, trust_remote_code=args.trust_remote_code, dense_fallback=True)
+    opened = open_run(args.adapter, [spec], model=o.model, dtype=o.dtype, window=o.window, seed=o.seed,
+                      trust_remote_code=o.trust_remote_code, dense_fallback=True)
     policy = opened.policy()
-    text, per_step = generate_text(opened.model, opened.tokenizer, args.prompt, policy, opened.window, raw=args.raw,
-                                   seed=args.seed, max_new_tokens=args.max_new_tokens, do_sample=args.sample,
-                                   temperature=args.temperature, top_p=args.top_p)
+    text, per_step = generate_text(opened.model, opened.tokenizer, args.prompt, policy, opened.window, raw=o.raw,
+                                   seed=o.seed, max_new_tokens=o.max_new_tokens, do_sample=o.sample,
+                                   temperature=o.temperature, top_p=o.top_p)
     print(text)
     print(f"\n[{policy.describe()['policy']}] blocks skipped per step (prefill first), of {opened.model.n_blocks}:")
     print(" ".join(str(k) for k in per_step))
@@ -78,16 +76,5 @@ def register(sub) -> None:
                        **examples("generate"))
     p.add_argument("prompt", help="the text to answer (through the model's chat template unless --raw)")
     adapter_flag(p)
-    p.add_argument("--policy", default="reskip", help=f"{GRAMMAR}, or a policy.json (default: reskip)")
-    model_flags(p, dtype=True)
-    p.add_argument("--window", type=int, default=None, help="W, tokens in w_recent (default: the policy file's)")
-    p.add_argument("--max-new-tokens", type=int, default=40, help="tokens generated at most (default: 40)")
-    p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
-    p.add_argument("--temperature", type=float, default=1.0,
-                   help="with --sample: the logits are divided by it (default: 1.0)")
-    p.add_argument("--top-p", type=float, default=1.0,
-                   help="with --sample: nucleus sampling over the smallest set of tokens of this much probability "
-                        "(default: 1.0, every token)")
-    p.add_argument("--seed", type=int, default=0, help="the seed of sampling and of random skipping (default: 0)")
-    p.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    add_option_flags(p, GenerateOptions)
     p.set_defaults(func=cmd_generate)

@@ -1,0 +1,25 @@
+"""`reskip generate`'s options: one typed object, each field with its help, default and range (no torch here)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config_fields import described
+from ..stage_options import DTYPE_HELP, DTYPE_NAMES
+from .spec import GRAMMAR
+
+
+@dataclass
+class GenerateOptions:
+    policy: str = described("reskip", f"the skip policy: {GRAMMAR}, or a policy.json")
+    model: str | None = described(None, "the backbone (None: the run's, else the bundled SmolLM2-135M-Instruct)")
+    dtype: str = described("auto", DTYPE_HELP, choices=DTYPE_NAMES)
+    trust_remote_code: bool = described(False, "allow the model's own Python code to run")
+    window: int | None = described(None, "W, tokens in w_recent (None: the policy file's)", low=1)
+    max_new_tokens: int = described(40, "tokens generated at most", low=1)
+    sample: bool = described(False, "sample instead of greedy decoding")
+    temperature: float = described(1.0, "with sample: the logits are divided by it (> 0)", low=0.0)
+    top_p: float = described(1.0, "with sample: nucleus sampling over the smallest set of tokens of this much "
+                                  "probability (1: every token; > 0)", low=0.0, high=1.0)
+    seed: int = described(0, "the seed of sampling and of random skipping")
+    raw: bool = described(False, "do not apply the chat template")
