@@ -37,7 +37,7 @@ def test_variants_trains_every_arm_alike_and_states_each_claim(tiny):
     assert list(r["arms"]) == ["recipe", "observer", "observer_source_loss", "interpolate", "gamma_free"]
     curves = {n: a["curve"] for n, a in r["arms"].items()}
     assert all([e["step"] for e in c] == [0, 2, 4] for c in curves.values())  # the whole curve, not its end
-    assert len({a["budget"]["tokens"] for a in r["arms"].values()}) == 1
+    assert len({a["training"]["tokens"] for a in r["arms"].values()}) == 1
     assert {a["retrofit"]["variant"] for a in r["arms"].values()} == {"recipe", "observer", "interpolate", "gamma_free"}
     # the observer pair differs only in the signal term: the document's loss against reskip's
     assert r["arms"]["observer_source_loss"]["train"] == {"lambda_signal": 0.0} and r["arms"]["observer"]["train"] == {}
@@ -158,15 +158,15 @@ def test_block_size_measures_each_size_at_the_same_layers_skipped(tiny):
 def test_placement_answers_the_incident_with_a_measured_reconstruction(tiny):
     tmp, model, corpus = tiny
     out = tmp / "plout"
-    # 16 tokens x d 32 x 2 bytes = 1 KiB a state: a 3 KiB budget keeps 3 of the 7 states
+    # 16 tokens x d 32 x 2 bytes = 1 KiB a state: a 3 KiB limit keeps 3 of the 7 states
     assert main(["experiment", "placement", "--model", str(model), "--data", str(corpus), "--out", str(out),
                  "--seq-len", "16", "--context", "16", "--memory-bytes", "3072", "--calib-sequences", "40",
                  "--test-sequences", "8", "--quiet"]) == 0
     r = json.loads((out / "experiments" / "placement" / "results.json").read_text())
     assert r["this_model"]["feasible_states"] == 3 and r["source_instance"]["feasible_states"] == 8
-    s = r["settings"]["the budget at context 16"]
+    s = r["settings"]["the memory limit at context 16"]
     assert s["placements"]["uniform"]["kept"] == [0, 2, 4]
-    assert set(r["settings"]) == {"the budget at context 16", "the source instance's share of depth",
+    assert set(r["settings"]) == {"the memory limit at context 16", "the source instance's share of depth",
                                   "half the source instance's share"}
     probe = s["placements"]["uniform"]["reconstruction"]
     assert len(probe) == 4 and all(-10 < p["r2_fit"] <= 1 for p in probe)

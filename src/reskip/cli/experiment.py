@@ -9,16 +9,15 @@ from .common import TRAINING_FLAGS, training_flags, training_values, examples, r
 from .options import add_option_flags, options_from_args
 
 OWN_FLAGS = ("name", "overrides", "boundaries")  # the positional name; the training and retrofit flags set the rest
+# (--boundaries is a retrofit override of every arm; `block-size` reads it as one more arm of its own)
 CONVERTERS = {"data": lambda specs: list(specs) or ["default"], "arms": lambda names: list(names) or None}
 
 
 def experiment_options(args) -> ExperimentOptions:
     overrides = training_values(args, (*TRAINING_FLAGS, "eval_every"))
-    retrofit = retrofit_values(args)
-    boundaries = retrofit.pop("boundaries", None) if args.name == "block-size" else None
-    overrides.update(retrofit)  # block_size, rank, ...: the pipeline's overrides take retrofit keys by name
-    return options_from_args(ExperimentOptions, args, CONVERTERS, name=args.name, overrides=overrides,
-                             boundaries=boundaries)
+    overrides.update(retrofit_values(args))  # block_size, rank, ...: the pipeline's overrides take retrofit keys by name
+    # boundaries=None: --boundaries (retrofit_flags' text) is in the overrides, parsed
+    return options_from_args(ExperimentOptions, args, CONVERTERS, name=args.name, overrides=overrides, boundaries=None)
 
 
 def cmd_experiment(args) -> int:
