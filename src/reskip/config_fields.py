@@ -11,10 +11,12 @@ from .errors import ReskipError, check_range
 
 
 def described(default=dataclasses.MISSING, help: str = "", default_factory=dataclasses.MISSING,
-              choices: tuple | None = None, low: float | None = None, high: float | None = None):
+              choices: tuple | None = None, low: float | None = None, high: float | None = None,
+              required: bool = False):
     """A dataclass field with its help text in `metadata["help"]`, and optionally the values it may take
-    (`choices`) or its inclusive range (`low`, `high`; None inside a range means "not set")."""
-    metadata = {"help": help}
+    (`choices`), its inclusive range (`low`, `high`; None inside a range means "not set"), or that the command
+    line must give it (`required`)."""
+    metadata = {"help": help, "required": required}
     if choices is not None:
         metadata["choices"] = tuple(choices)
     if low is not None or high is not None:

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..baselines.options import ExportOptions
 from ..errors import ReskipError
 from .common import examples
+from .options import add_option_flags, options_from_args
 
 
 def cmd_export(args) -> int:
@@ -16,7 +18,8 @@ def cmd_export(args) -> int:
     if not (run / "config.yaml").is_file() or not (run / "adapter" / "adapter_config.json").is_file():
         raise ReskipError(f"{run} is not a finished baseline run (needs config.yaml and adapter/); train one with "
                           "`reskip experiment baselines`")
-    out = export_run(run, Path(args.out), args.dtype)
+    o = options_from_args(ExportOptions, args)
+    out = export_run(run, Path(o.out), o.dtype)
     print(f"exported {run} to {out}: load it with AutoModelForCausalLM.from_pretrained({str(out)!r})")
     return 0
 
@@ -26,7 +29,5 @@ def register(sub) -> None:
                                       "Hugging Face model: pruned layers removed, LoRA merged, config updated",
                        **examples("export"))
     p.add_argument("run", help="a baseline arm's folder (config.yaml, adapter/)")
-    p.add_argument("--out", required=True, help="the folder to write (replaced whole if it exists)")
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                   help="the exported weights' dtype (default float32)")
+    add_option_flags(p, ExportOptions, config_file=False)
     p.set_defaults(func=cmd_export)

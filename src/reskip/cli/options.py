@@ -55,11 +55,15 @@ def add_option_flags(p: argparse.ArgumentParser, cls, skip: tuple[str, ...] = ()
         if f.name in skip:
             continue
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        text = f"{f.metadata.get('help', '')} (default: {_shown(default)})".replace("%", "%%")
+        shown = "required" if f.metadata.get("required") else f"default: {_shown(default)}"
+        text = f"{f.metadata.get('help', '')} ({shown})".replace("%", "%%")
         kind, many = _shape(hints[f.name])
         kwargs = {"dest": f.name, "default": argparse.SUPPRESS, "help": text}
-        if kind is bool:
+        if kind is bool and f.name not in converters:
             p.add_argument(flag_of(f.name), action="store_true", **kwargs)
+            continue
+        if kind is bool:  # a converter reads its text: `--flag` alone is true, `--flag false` is false
+            p.add_argument(flag_of(f.name), nargs="?", const="true", metavar="BOOL", **kwargs)
             continue
         if many:
             kwargs["nargs"] = "*"
@@ -67,6 +71,8 @@ def add_option_flags(p: argparse.ArgumentParser, cls, skip: tuple[str, ...] = ()
             kwargs["type"] = kind
         if "choices" in f.metadata:
             kwargs["choices"] = f.metadata["choices"]
+        if f.metadata.get("required"):
+            kwargs["required"] = True
         p.add_argument(flag_of(f.name), metavar=f.name.upper(), **kwargs)
     if config_file:
         p.add_argument("--config", metavar="FILE",
@@ -77,16 +83,21 @@ def options_from_args(cls, args: argparse.Namespace, converters: Converters = ()
     """The options object of `cls` from a `--config` file (when given) and the flags given; `fixed` values (set by
     the command itself) win over both. Checked against the fields' choices and ranges before returning."""
     converters = dict(converters)
-    names = {f.name for f in dataclasses.fields(cls)}
     values = {}
     if getattr(args, "config", None):
         values.update(_from_file(cls, Path(args.config), converters))
-    for name in names:
-        if name in vars(args) and name not in fixed:
-            values[name] = _converted(name, getattr(args, name), converters, flag_of(name))
+    values.update(given_values(cls, args, converters))
     options = cls(**{**values, **fixed})
     check_fields(options)
     return options
+
+
+def given_values(cls, args: argparse.Namespace, converters: Converters = ()) -> dict:
+    """field name -> value of each flag of `cls` given on the command line (converted); the flags not given are
+    absent (a class whose own reader validates a file, as TrainConfig, takes these as its overrides)."""
+    converters = dict(converters)
+    return {f.name: _converted(f.name, getattr(args, f.name), converters, flag_of(f.name))
+            for f in dataclasses.fields(cls) if f.name in vars(args)}
 
 
 def _converted(name: str, value, converters: Converters, where: str):

@@ -17,25 +17,33 @@ from ..reading import read_json
 from ..runs import RunFolder
 from ..train_config import TrainConfig, load_yaml
 from ..train.log import format_summary
+from ..config_fields import flag_of
 from .common import examples, retrofit_flags, retrofit_values
+from .options import add_option_flags, given_values
 
-OWN_FLAGS = ("model", "data", "retrofit")  # TrainConfig fields with a flag of their own shape
+def yaml_value(flag: str):
+    """A flag's text read as one YAML value (`--lr 1e-3`, `--skip-blocks [3,4]`, `--data-weights {code: 1}`);
+    TrainConfig's validation then refuses a wrong type or range, naming the key."""
+    def read(values):
+        texts = values if isinstance(values, list) else [values]
+        try:
+            items = [load_yaml(t) for t in texts]
+        except yaml.YAMLError:
+            raise ReskipError(f"{flag}: cannot read {' '.join(texts)!r}") from None
+        return items[0] if not isinstance(values, list) or (len(items) == 1 and isinstance(items[0], list)) else items
+    return read
+
+
+# Every TrainConfig key is a flag read as YAML, but the backbone's name and the data specs (plain strings); the
+# retrofit's keys have flags of their own (`retrofit_flags`).
+CONVERTERS = {f.name: yaml_value(flag_of(f.name)) for f in dataclasses.fields(TrainConfig)
+              if f.name not in ("model", "data", "retrofit")}
 
 
 def train_config(args) -> TrainConfig:
-    """YAML file (or the run folder's resolved config on --resume) + flags -> TrainConfig."""
-    overrides = {}
-    for f in dataclasses.fields(TrainConfig):
-        raw = getattr(args, f.name, None)
-        if f.name in OWN_FLAGS or raw is None:
-            continue
-        try:
-            overrides[f.name] = load_yaml(raw)
-        except yaml.YAMLError:
-            raise ReskipError(f"--{f.name.replace('_', '-')}: cannot read {raw!r}") from None
-    for name in ("model", "data"):
-        if getattr(args, name) is not None:
-            overrides[name] = getattr(args, name)
+    """The YAML file (or the run folder's resolved config on --resume) with the flags given over it -> TrainConfig
+    (validated by its own reader: TrainConfig.from_file)."""
+    overrides = given_values(TrainConfig, args, CONVERTERS)
     retrofit = retrofit_values(args)
     source = None
     if args.resume:
@@ -74,12 +82,6 @@ def register(sub) -> None:
     p.add_argument("--overwrite", action="store_true",
                    help="train into --out even if it holds another run (its checkpoints, adapter and log are removed)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--model", default=None, help="backbone (default: the bundled SmolLM2-135M-Instruct)")
-    p.add_argument("--data", nargs="+", help="'default' (the bundled mix), .txt/.jsonl files, folders, or HF dataset "
-                                             "ids (default: default)")
-    for f in dataclasses.fields(TrainConfig):
-        if f.name not in OWN_FLAGS:
-            p.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, default=None, metavar="V",
-                           help=f"{f.metadata.get('help', '')} (default {f.default if f.default is not dataclasses.MISSING else f.default_factory()!r})".replace("%", "%%"))
+    add_option_flags(p, TrainConfig, skip=("retrofit",), converters=CONVERTERS, config_file=False)
     retrofit_flags(p)
     p.set_defaults(func=cmd_train)

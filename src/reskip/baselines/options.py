@@ -1,0 +1,13 @@
+"""`reskip export`'s options: one typed object, each field with its help, default and range (no torch here)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config_fields import described
+
+
+@dataclass
+class ExportOptions:
+    out: str | None = described(None, "the folder to write (replaced whole if it exists)", required=True)
+    dtype: str = described("float32", "the exported weights' dtype", choices=("float32", "bfloat16"))
