@@ -48,7 +48,7 @@ from reskip.calibrate.calibration import calibrate
 from reskip.skip.policies import NoSkip, StaticSkip
 from reskip.train_config import TrainConfig
 from reskip.train.objective import RetrofitObjective
-from reskip.train.validation import evaluate
+from reskip.train.validation import validation_metrics
 from transformers import AutoModelForCausalLM
 
 
@@ -181,7 +181,7 @@ def main(argv=None):
             calibrate(rm, Packed(ids, labels, ["x"] * len(ids)), delta=1.0, batch_size=len(ids))
 
     def validation():
-        evaluate(rm, Packed(ids, labels, data.sources), batch_size=args.val_batch or args.batch)
+        validation_metrics(rm, Packed(ids, labels, data.sources), batch_size=args.val_batch or args.batch)
 
     def eval_sequence():
         one = Packed(data.input_ids[:1].to(args.device), data.labels[:1].to(args.device), ["x"])
