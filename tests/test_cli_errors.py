@@ -93,7 +93,7 @@ BAD = [
     (["run-parity", "--boundaries", "8,100", "--out", "{tmp}/p"], "inside 1..29"),
     (["run", "--data", "{files}/empty.jsonl", "--out", "{tmp}/r"], "the data set is empty"),
     (["train", "--resume", "{files}/empty-record"], "record 2 has kind 'None'"),
-    (["run", "--resume", "{files}/bad-pipeline"], "finished must be a list"),
+    (["run", "--resume", "{files}/bad-pipeline"], "missing field 'finished'"),
     (["report", "{files}/latin1-log", "--out", "{tmp}/r"], "is not UTF-8 text"),
     (["train", "--resume", "{files}/bad-config"], "is not valid YAML at line"),
     (["train", "--rank", "100000", "--seq-len", "16", "--block-size", "2", "--model", "{model}", "--out", "{tmp}/t"], "exceeds the model's hidden size"),

@@ -58,6 +58,34 @@ KINDS = {
 }
 
 
+# What every reader of a kind may rely on, after its upgrade: top-level key -> the JSON types it may hold (the
+# deeper checks belong to the kind's own reader: PolicyFile.validate, the pipeline's state check).
+_NUMBER = (int, float)
+SCHEMAS = {
+    "summary.json": {"steps": (int,), "tokens_seen": (int,), "wall_s_process": _NUMBER, "ppl_backbone": _NUMBER,
+                     "ppl_full": (dict,), "kl_full": (dict,), "entropy": (dict,), "skip_kl": (dict,),
+                     "skip_ppl": (dict,)},
+    "diagnostics.json": {"n_blocks": (int,), "blocks": (list,), "dilution": (dict,), "memory": (dict,),
+                         "routing_health": (list,), "mean_alpha": (dict,)},
+    "pipeline.json": {"finished": (list,), "timings": (dict,)},
+    "policy.json": {"backbone": (dict,), "adapter": (dict,), "delta": _NUMBER, "quantile": _NUMBER,
+                    "window": (int,), "max_skips": (int,), "blocks": (list,), "mean_alpha": (dict,)},
+}
+
+
+_KIND_NAMES = {(int,): "an integer", _NUMBER: "a number", (dict,): "an object", (list,): "a list"}
+
+
+def _check_schema(kind: str, data: dict, where) -> None:
+    for key, types in SCHEMAS[kind].items():
+        if key not in data:
+            raise ReskipError(f"{where}: missing field {key!r}; the file is corrupt or cut short: restore it, or run "
+                              "its stage again")
+        if isinstance(data[key], bool) or not isinstance(data[key], types):
+            raise ReskipError(f"{where}: {key} must be {_KIND_NAMES[types]}, got {str(data[key])[:40]!r}; the file "
+                              "is corrupt: restore it, or run its stage again")
+
+
 def version_of(kind: str) -> int:
     return KINDS[kind][0]
 
@@ -71,6 +99,9 @@ def upgraded(kind: str, data, where) -> dict:
     """`data` of a `kind` file (`where` names it in errors) upgraded in place to today's version."""
     if not isinstance(data, dict):
         raise ReskipError(f"{where}: the top level is not a JSON object; it is corrupt: restore or remove it")
+    if kind == "summary.json" and "lora" in data:  # the other summary.json: a baseline arm's (its own fields)
+        raise ReskipError(f"{where} is a baseline arm's summary (a LoRA run, not the retrofit's): its figures are "
+                          "in the baselines experiment's report (`reskip report OUT` of the experiment's --out)")
     today, steps = KINDS[kind]
     version = data.get("format_version", 1)
     if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= today:
@@ -79,6 +110,7 @@ def upgraded(kind: str, data, where) -> dict:
     for v in range(version, today):
         steps[v](data)
     data["format_version"] = today
+    _check_schema(kind, data, where)
     return data
 
 
