@@ -19,6 +19,7 @@ def test_every_kind_upgrades_its_first_version_to_todays_names(tmp_path):
         "pipeline.json": {"finished": [], "timings": {}, "preset": "quick", "data": ["default"], "delta": 1.0},
         "policy.json": {"adapter": {"side_channel_digest": "x"}, "calibration": {}, "backbone": {}, "delta": 1.0,
                         "quantile": 0.5, "window": 1, "max_skips": 2, "blocks": [], "mean_alpha": {}},
+        "results.json": {"meta": {}, "methods": {}, "frontier": []},
     }
     assert set(old) == set(KINDS)
     for name, data in old.items():
@@ -67,9 +68,9 @@ def test_the_report_of_a_corrupt_run_file_is_one_line(tmp_path, capsys):
 
     run = tmp_path / "run"
     shutil.copytree(Path(__file__).resolve().parent.parent / "docs" / "results" / "main-standard", run)
-    for name in ("summary.json", "diagnostics.json", "policy.json"):
+    for name in ("summary.json", "diagnostics.json", "policy.json", "eval/results.json"):
         keep = (run / name).read_text()
-        (run / name).write_text("{}")
+        (run / name).write_text('{"methods": 5}')
         assert main(["report", str(run), "--out", str(tmp_path / "rep")]) == 2
         err = capsys.readouterr().err
         assert "Traceback" not in err and name in err and len(err.strip().splitlines()) == 1
