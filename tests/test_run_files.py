@@ -20,6 +20,7 @@ def test_every_kind_upgrades_its_first_version_to_todays_names(tmp_path):
         "policy.json": {"adapter": {"side_channel_digest": "x"}, "calibration": {}, "backbone": {}, "delta": 1.0,
                         "quantile": 0.5, "window": 1, "max_skips": 2, "blocks": [], "mean_alpha": {}},
         "results.json": {"meta": {}, "methods": {}, "frontier": []},
+        "parity.json": {"model": "m", "parity": [], "params": {}},
     }
     assert set(old) == set(KINDS)
     for name, data in old.items():
@@ -68,7 +69,7 @@ def test_the_report_of_a_corrupt_run_file_is_one_line(tmp_path, capsys):
 
     run = tmp_path / "run"
     shutil.copytree(Path(__file__).resolve().parent.parent / "docs" / "results" / "main-standard", run)
-    for name in ("summary.json", "diagnostics.json", "policy.json", "eval/results.json"):
+    for name in ("summary.json", "diagnostics.json", "policy.json", "eval/results.json", "parity.json"):
         keep = (run / name).read_text()
         (run / name).write_text('{"methods": 5}')
         assert main(["report", str(run), "--out", str(tmp_path / "rep")]) == 2

@@ -55,6 +55,7 @@ KINDS = {
     "diagnostics.json": (2, {1: _diagnostics_from_1}),
     "pipeline.json": (2, {1: _pipeline_from_1}),
     "policy.json": (3, {1: _policy_from_1, 2: _policy_from_2}),
+    "parity.json": (1, {}),
     "results.json": (1, {}),  # the eval stage's (an experiment's results.json is read as it is, by its report)
 }
 
@@ -72,6 +73,7 @@ SCHEMAS = {
     "policy.json": {"backbone": (dict,), "adapter": (dict,), "delta": _NUMBER, "quantile": _NUMBER,
                     "window": (int,), "max_skips": (int,), "blocks": (list,), "mean_alpha": (dict,)},
     "results.json": {"meta": (dict,), "methods": (dict,), "frontier": (list,)},
+    "parity.json": {"parity": (list,), "params": (dict,)},
 }
 
 
