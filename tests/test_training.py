@@ -362,8 +362,8 @@ def test_numbers_are_read_as_yaml_1_2_on_flags_and_in_config_files(tmp_path):
 
 
 @pytest.mark.integration
-def test_a_kill_anywhere_in_training_leaves_a_folder_refused_in_one_line_or_resumed_exactly(tmp_path):
-    """SIGKILL of a real `reskip train` process at several points: `--resume` either continues it to the adapter
+def test_a_kill_anywhere_in_training_or_calibration_is_refused_in_one_line_or_resumed_exactly(tmp_path):
+    """SIGKILL (and SIGTERM) of a real `reskip train` process at several points: `--resume` either continues it to the adapter
     an uninterrupted run writes, byte for byte, or (killed before its first checkpoint) refuses in one line, and
     the same command with --overwrite then writes that adapter."""
     import signal
@@ -381,8 +381,10 @@ def test_a_kill_anywhere_in_training_leaves_a_folder_refused_in_one_line_or_resu
     ref = tmp_path / "ref"
     subprocess.run([*cli, *args, "--out", str(ref)], check=True, env=env, capture_output=True)
     expected = (ref / "adapter" / "adapter_model.safetensors").read_bytes()
-    for records in (0, 1, 3, 5):  # train records in the log when the kill comes
-        run = tmp_path / f"killed-{records}"
+    # train records in the log when the signal comes: SIGKILL anywhere, SIGTERM (a scheduler's stop) at two points
+    for sig, records in ((signal.SIGKILL, 0), (signal.SIGKILL, 1), (signal.SIGKILL, 3), (signal.SIGKILL, 5),
+                         (signal.SIGTERM, 1), (signal.SIGTERM, 3)):
+        run = tmp_path / f"killed-{sig.name}-{records}"
         proc = subprocess.Popen([*cli, *args, "--out", str(run)], env=env, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
         log = run / "train_log.jsonl"
@@ -392,7 +394,7 @@ def test_a_kill_anywhere_in_training_leaves_a_folder_refused_in_one_line_or_resu
             if log.exists() and log.read_text().count('"kind": "train"') >= records > 0:
                 break
             time.sleep(0.02)
-        proc.send_signal(signal.SIGKILL)
+        proc.send_signal(sig)
         proc.wait()
         resumed = subprocess.run([*cli, "--resume", str(run), "--quiet"], env=env, capture_output=True, text=True)
         if resumed.returncode == 2:  # no checkpoint yet: one line, then start over in the same folder
@@ -400,7 +402,23 @@ def test_a_kill_anywhere_in_training_leaves_a_folder_refused_in_one_line_or_resu
             subprocess.run([*cli, *args, "--out", str(run), "--overwrite"], check=True, env=env, capture_output=True)
         else:
             assert resumed.returncode == 0, resumed.stderr
-        assert (run / "adapter" / "adapter_model.safetensors").read_bytes() == expected, records
+        assert (run / "adapter" / "adapter_model.safetensors").read_bytes() == expected, (sig, records)
+    # calibrate stopped by SIGKILL or SIGTERM at any moment: policy.json is absent or whole, and calibrating again
+    # writes the policy an uninterrupted calibration writes
+    calibrate = [sys.executable, "-m", "reskip.cli", "calibrate", "--adapter", str(ref), "--sequences", "4",
+                 "--seq-len", "16", "--budgets", "1"]
+    subprocess.run(calibrate, check=True, env=env, capture_output=True)
+    whole = json.loads((ref / "policy.json").read_text())["blocks"]
+    for sig, delay in ((signal.SIGKILL, 0.3), (signal.SIGTERM, 0.6), (signal.SIGKILL, 1.2)):
+        (ref / "policy.json").unlink()
+        proc = subprocess.Popen(calibrate, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(delay)
+        proc.send_signal(sig)
+        proc.wait()
+        if (ref / "policy.json").exists():
+            assert json.loads((ref / "policy.json").read_text())["blocks"] == whole
+        subprocess.run(calibrate, check=True, env=env, capture_output=True)
+        assert json.loads((ref / "policy.json").read_text())["blocks"] == whole, (sig, delay)
 
 
 def test_the_checkpoint_pointer_is_never_followed_out_of_the_run(tmp_path):
