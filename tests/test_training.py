@@ -550,3 +550,18 @@ def test_a_log_record_the_readers_cannot_use_is_refused_by_line(tmp_path, line, 
     log.write_text('{"kind": "train", "step": 1, "loss": 2.0}\n' + line + '\n{"kind": "train", "step": 2, "loss": 1.0}\n')
     with pytest.raises(ReskipError, match=f"record 2 .*{said}"):
         read_log(log)
+
+
+def test_what_a_kill_during_a_checkpoint_leaves_is_the_runs_own(tmp_path):
+    """A kill while `save_checkpoint` writes leaves its `.tmp-step-N` folder (and atomic temporaries): --overwrite
+    takes them for the run's own, while a user's file in checkpoints/ is still refused."""
+    from reskip.runs import RunFolder
+    from reskip.train.loop import not_written_by_training
+
+    root = tmp_path / "run" / "checkpoints"
+    (root / ".tmp-step-000002").mkdir(parents=True)
+    (root / "..tmp-step-000002.k3j.tmp").mkdir()
+    (root / ".latest.x9.tmp").write_text("step-000002")
+    assert not_written_by_training(RunFolder(tmp_path / "run")) == []
+    (root / "model.bin").write_bytes(b"x")
+    assert not_written_by_training(RunFolder(tmp_path / "run")) == [str(root / "model.bin")]

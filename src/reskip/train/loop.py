@@ -189,8 +189,9 @@ def check_identity(cfg: TrainConfig, files: RunFolder, resume: bool, overwrite: 
 
 
 OWN_ADAPTER_FILES = {ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, CARD_NAME}
-# what a process killed while writing a checkpoint leaves (`io_atomic`'s temporaries): the run's own too
-OWN_TEMPORARY = re.compile(r"\.(latest|step-\d{6})\..+\.(tmp|old)")
+# what a process killed while writing a checkpoint leaves: `checkpoint.save_checkpoint`'s `.tmp-step-N` folder and
+# `io_atomic`'s temporaries (of the pointer, a checkpoint, or that folder): the run's own too
+OWN_TEMPORARY = re.compile(r"\.tmp-step-\d{6}|\.(latest|step-\d{6}|\.tmp-step-\d{6})\..+\.(tmp|old)")
 
 
 def not_written_by_training(files: RunFolder) -> list[str]:
