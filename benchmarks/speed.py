@@ -37,7 +37,8 @@ from reskip.cli.common import Parser  # usage errors on one line, exit 2, as eve
 from reskip.compat import cache_kwarg
 from reskip.errors import ReskipError
 from reskip.evaluate.flops import LayerFlops, shortcut_flops, side_channel_flops
-from reskip.skip.policies import NoSkip, StaticSkip
+from reskip.skip.policies import NoSkip, ReSkip, StaticSkip
+from reskip.skip.window import sliding_mean
 from reskip.skip.inference_run import open_run
 from reskip.skip.spec import GRAMMAR, parse_spec
 from transformers import AutoModelForCausalLM
@@ -159,6 +160,7 @@ def main(argv=None):
     ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                     help="auto: bfloat16 on CUDA and on CPUs with AMX or AVX512-BF16, else float32")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--num-layers", type=int, default=None, help="with --random-config: this many layers (a dry run)")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--prefill-len", type=int, default=512)
     ap.add_argument("--decode-steps", type=int, default=32)
@@ -177,6 +179,10 @@ def run(args):
     base32 = None
     if args.random_config:
         cfg = architecture_config(args.random_config)
+        if args.num_layers is not None:
+            cfg.num_hidden_layers = args.num_layers
+            if getattr(cfg, "layer_types", None):
+                cfg.layer_types = cfg.layer_types[: args.num_layers]
         torch.manual_seed(0)
         base = AutoModelForCausalLM.from_config(cfg, dtype=dtype).to(args.device).eval()
         if dtype != torch.float32:
@@ -184,13 +190,14 @@ def run(args):
             base32 = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).to(args.device).eval()
         rm = retrofit(base, RetrofitConfig())
         rm.set_curriculum(1.0)
-        k = args.static_k or 2
+        k = args.static_k or 1
         if not 1 <= k < rm.n_blocks:
             raise SystemExit(f"--static-k must lie in 1..{rm.n_blocks - 1} (this model has {rm.n_blocks} blocks)")
         blocks = set(range(2, 2 + k))
         skip_policy, window = StaticSkip(blocks, name=f"static-middle:{k}"), 16
         label = f"random {args.random_config}"
-        policies = {"static": skip_policy}
+        policies = {"static": skip_policy, "reskip": fixed_quantile_reskip(rm, window, args.device)}
+        pf = None
     else:
         opened = open_run(args.adapter, [parse_spec(args.policy, allow_path=True)], dtype=dtype, require_policy=True)
         rm, pf, window = opened.model.to(args.device), opened.policy_file, opened.window
@@ -206,8 +213,8 @@ def run(args):
 
     for bsz in [int(b) for b in args.batches.split(",")]:
         ids = torch.randint(3, vocab, (bsz, args.prompt_len), generator=g).to(args.device)
-        # Measure ReSkip's skips once to set static:k to the same mean.
-        if "reskip" in policies:
+        # Measure ReSkip's skips once to set static:k to the same mean (random weights: static:k as given).
+        if "reskip" in policies and pf is not None:
             _, mean = decode_run(rm, ids, policies["reskip"], window, args.decode_steps)
             # a fractional mean is matched by a mix of k and k + 1 static blocks across steps
             k = args.static_k if args.static_k is not None else round(mean, 2)
@@ -257,10 +264,23 @@ def run(args):
     prefill["router_overhead_no_skip"] = paired_overhead(pre["retrofit"], pre["backbone"])
     if base32 is not None:
         prefill["backbone_vs_float32"] = prefill["tok_s_backbone"] / prefill["tok_s_backbone_float32"]
+    if args.device.startswith("cuda"):
+        report["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
     if not args.random_config:
         report["summary"] = quality_and_speed(opened.source.files.eval_dir / "results.json", args.policy, report)
         print(report["summary"], file=sys.stderr)
     print(json.dumps(report))
+
+
+def fixed_quantile_reskip(rm, window: int, device: str, quantile: float = 0.5) -> ReSkip:
+    """Random weights have no calibration: ReSkip at one block per step with each middle block's threshold at the
+    `quantile` of its w_recent over a random 64-token text (its cost is what is measured, not its choices)."""
+    ids = torch.randint(3, rm.base_model.config.vocab_size, (1, 64), generator=torch.Generator().manual_seed(1))
+    middle = set(range(2, rm.n_blocks))
+    with torch.no_grad():
+        alphas = rm(input_ids=ids.to(device), output_alphas=True).alphas
+    tau = {n: float(sliding_mean(alphas[n][..., -1].float(), window).quantile(quantile)) for n in middle}
+    return ReSkip(tau, middle, 1, name=f"reskip-q{quantile:g}")
 
 
 def quality_and_speed(results_path, spec_text: str, report: dict) -> str:

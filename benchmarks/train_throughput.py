@@ -9,8 +9,14 @@ Per dtype:
   retrofit - the default recipe's step: teacher pass, full path, shared-prefix skip branch, every
              loss term (CE and KL from the LM head in chunks of `--loss-chunk` positions) and backward.
 With `--variants`, also the step from whole (B, T, V) logits and with activation checkpointing.
+Also per dtype: the model-FLOP utilisation of the retrofit step (`mfu_retrofit_<dtype>`: the FLOPs of the passes
+the step runs, counted from the architecture, over the device's peak, `--peak-tflops` or a known GPU's), and the
+side-channel's share of a training pass (`side_channel_share_<dtype>`: one forward + backward of the full path
+against the same pass with the side-channel off, 1 - off/on).
 
     python benchmarks/train_throughput.py [--model M] [--batch 8] [--seq-len 256] [--repeats 3]
+    python benchmarks/train_throughput.py --random-config Qwen3-1.7B --device cuda --dtypes bfloat16 \
+        --batch 8 --seq-len 2048  # the GPU check: random weights of a shipped architecture
 """
 
 from __future__ import annotations
@@ -23,21 +29,70 @@ import time
 
 import torch
 
+from transformers import AutoModelForCausalLM
+
 from reskip import load_backbone, retrofit
+from reskip.backbones.architectures import architecture_config
 from reskip.backbones.dtypes import resolve_dtype_name
+from reskip.evaluate.flops import LayerFlops
 from reskip.data.packing import pack
 from reskip.data.sources import load_splits
 from reskip.train_config import TrainConfig
 from reskip.train.objective import RetrofitObjective
 
 
-def steps_of(model_name, dtype: str, batch: int, seq_len: int, loss_chunk: int, variants: bool) -> dict:
+# bfloat16 dense peak, TFLOP/s, by the name CUDA reports (the MFU's denominator where --peak-tflops is not given)
+PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0}
+
+
+def peak_tflops(device: str, given: float | None) -> float | None:
+    if given is not None or not device.startswith("cuda"):
+        return given
+    name = torch.cuda.get_device_name(torch.device(device))
+    return next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
+
+
+def step_flops(config, blocks: list[range], k: int, tokens: int, seq_len: int) -> float:
+    """The FLOPs of one retrofit step at skip block k: the teacher's pass, the full path (block 1 reused), the skip
+    branch (the blocks after k), their LM heads, and the backward of the full path and the skip branch
+    (input gradients only: the backbone is frozen, so about one forward's matrix products each)."""
+    per_layer = LayerFlops.of(config).full
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    attention = 2 * seq_len * config.num_attention_heads * head_dim  # QK^T and AV per token, causal (half of 4 T q)
+    layer = per_layer + attention
+    n_layers = blocks[-1].stop
+    head = 2 * config.hidden_size * config.vocab_size
+    full, skip = n_layers - len(blocks[0]), n_layers - blocks[k - 1].stop
+    forward = (n_layers + full + skip) * layer + 3 * head
+    backward = (full + skip) * layer + 2 * head
+    return float(tokens * (forward + backward))
+
+
+def load(model_name, random_config, dtype: str, device: str, num_layers: int | None):
+    """(model, tokenizer or None): a packaged or local backbone, or random weights of a shipped architecture."""
+    if random_config is None:
+        return load_backbone(model_name, dtype, device=device)
+    cfg = architecture_config(random_config)
+    if num_layers is not None:
+        cfg.num_hidden_layers = num_layers
+        if getattr(cfg, "layer_types", None):
+            cfg.layer_types = cfg.layer_types[:num_layers]
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, resolve_dtype_name(dtype, device))).to(device).eval(), None
+
+
+def steps_of(model_name, dtype: str, batch: int, seq_len: int, loss_chunk: int, variants: bool,
+             random_config=None, device: str = "cpu", num_layers: int | None = None) -> dict:
     """name -> a function running one cycle of that step over the drawable blocks, for one dtype."""
     torch.manual_seed(0)
-    model, tok = load_backbone(model_name, dtype)
-    splits, _ = load_splits(["default"])
-    data = pack(tok, splits["train"], seq_len, batch, seed=0)
-    ids, labels = data.input_ids, data.labels
+    model, tok = load(model_name, random_config, dtype, device, num_layers)
+    if tok is not None:
+        splits, _ = load_splits(["default"])
+        data = pack(tok, splits["train"], seq_len, batch, seed=0)
+        ids, labels = data.input_ids.to(device), data.labels.to(device)
+    else:  # random weights: random tokens
+        ids = torch.randint(3, model.config.vocab_size, (batch, seq_len), generator=torch.Generator().manual_seed(0))
+        ids = labels = ids.to(device)
     n_tokens = ids.numel()
     embed = model.get_input_embeddings()
     recipe = TrainConfig(loss_chunk=loss_chunk)
@@ -60,16 +115,36 @@ def steps_of(model_name, dtype: str, batch: int, seq_len: int, loss_chunk: int, 
                 rm.side_channel.zero_grad(set_to_none=True)
         return cycle
 
-    steps = {"frozen": frozen_cycle, "retrofit": retrofit_cycle(recipe)}
+    def full_pass(enabled: bool):
+        def cycle():  # one forward + backward of the full path, gradients to the input embeddings
+            x = embed(ids).detach().requires_grad_(True)
+            if enabled:
+                rm(inputs_embeds=x, labels=labels, use_cache=False).loss.backward()
+            else:
+                with rm.side_channel_disabled():
+                    rm(inputs_embeds=x, labels=labels, use_cache=False).loss.backward()
+            rm.side_channel.zero_grad(set_to_none=True)
+        return cycle
+
+    steps = {"frozen": frozen_cycle, "retrofit": retrofit_cycle(recipe), "pass_with_side_channel": full_pass(True),
+             "pass_without_side_channel": full_pass(False)}
     if variants:
         steps["whole_logits"] = retrofit_cycle(dataclasses.replace(recipe, loss_chunk=None))
         steps["recompute"] = retrofit_cycle(dataclasses.replace(recipe, recompute=True))
-    return {"steps": steps, "tokens_per_cycle": n_tokens * len(drawable), "drawable": drawable}
+    flops = sum(step_flops(model.config, rm.blocks, k, n_tokens, seq_len) for k in drawable)
+    return {"steps": steps, "tokens_per_cycle": n_tokens * len(drawable), "drawable": drawable, "flops_per_cycle": flops,
+            "device": device}
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None)
+    ap.add_argument("--random-config", default=None, help="instead: random weights of a shipped architecture "
+                                                          "(e.g. Qwen3-1.7B; no download)")
+    ap.add_argument("--num-layers", type=int, default=None, help="with --random-config: this many layers (a dry run)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--peak-tflops", type=float, default=None, help="the device's peak for the MFU (default: a "
+                                                                    "known GPU's bfloat16 dense peak; none on a CPU)")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=3, help="cycles over the drawable blocks per step kind")
@@ -78,8 +153,12 @@ def main(argv=None):
     ap.add_argument("--variants", action="store_true", help="also whole-logit and activation-checkpointing steps")
     args = ap.parse_args(argv)
 
-    names = {d: resolve_dtype_name(d) for d in args.dtypes}
-    setups = {d: steps_of(args.model, d, args.batch, args.seq_len, args.loss_chunk, args.variants) for d in args.dtypes}
+    names = {d: resolve_dtype_name(d, args.device) for d in args.dtypes}
+    setups = {d: steps_of(args.model, d, args.batch, args.seq_len, args.loss_chunk, args.variants, args.random_config,
+                          args.device, args.num_layers) for d in args.dtypes}
+    sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
+    if args.device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
     for s in setups.values():  # warm-up (compiles the fused loss where compiling is used)
         for fn in s["steps"].values():
             fn()
@@ -87,16 +166,26 @@ def main(argv=None):
     for _ in range(args.repeats):  # interleaved, so machine noise hits every dtype and step alike
         for d, s in setups.items():
             for k, fn in s["steps"].items():
+                sync()
                 t = time.perf_counter()
                 fn()
+                sync()
                 times[d][k].append(time.perf_counter() - t)
-    report = {"model": args.model or "smollm2-135m-instruct", "batch": args.batch, "seq_len": args.seq_len,
+    peak = peak_tflops(args.device, args.peak_tflops)
+    model_name = f"random {args.random_config}" if args.random_config else args.model or "smollm2-135m-instruct"
+    report = {"model": model_name, "device": args.device, "peak_tflops": peak, "batch": args.batch, "seq_len": args.seq_len,
               "repeats": args.repeats, "threads": torch.get_num_threads(), "loss_chunk": args.loss_chunk,
               "skip_blocks_cycled": setups[args.dtypes[0]]["drawable"], "dtypes": names}
     for d, s in setups.items():
         for k, ts in times[d].items():
             report[f"tok_s_{k}_{d}"] = s["tokens_per_cycle"] / statistics.median(ts)
-        report[f"retrofit_vs_frozen_{d}"] = statistics.median(times[d]["retrofit"]) / statistics.median(times[d]["frozen"])
+        med = {k: statistics.median(ts) for k, ts in times[d].items()}
+        report[f"retrofit_vs_frozen_{d}"] = med["retrofit"] / med["frozen"]
+        report[f"side_channel_share_{d}"] = 1 - med["pass_without_side_channel"] / med["pass_with_side_channel"]
+        report[f"tflops_retrofit_{d}"] = s["flops_per_cycle"] / med["retrofit"] / 1e12
+        report[f"mfu_retrofit_{d}"] = report[f"tflops_retrofit_{d}"] / peak if peak else None
+    if args.device.startswith("cuda"):
+        report["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
     if "float32" in setups and len(setups) > 1:
         for d in setups:
             if d != "float32":

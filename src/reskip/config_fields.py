@@ -12,11 +12,13 @@ from .errors import ReskipError, check_range
 
 def described(default=dataclasses.MISSING, help: str = "", default_factory=dataclasses.MISSING,
               choices: tuple | None = None, low: float | None = None, high: float | None = None,
-              required: bool = False):
+              required: bool = False, pattern=None):
     """A dataclass field with its help text in `metadata["help"]`, and optionally the values it may take
     (`choices`), its inclusive range (`low`, `high`; None inside a range means "not set"), or that the command
-    line must give it (`required`)."""
+    line must give it (`required`), or a compiled regular expression its text must match whole (`pattern`)."""
     metadata = {"help": help, "required": required}
+    if pattern is not None:
+        metadata["pattern"] = pattern
     if choices is not None:
         metadata["choices"] = tuple(choices)
     if low is not None or high is not None:
@@ -44,6 +46,9 @@ def check_fields(options) -> None:
         choices = f.metadata.get("choices")
         if choices is not None and value not in choices:
             raise ReskipError(f"{flag_of(f.name)} must be one of {', '.join(map(str, choices))}, got {value!r}")
+        pattern = f.metadata.get("pattern")
+        if pattern is not None and not (isinstance(value, str) and pattern.fullmatch(value)):
+            raise ReskipError(f"{flag_of(f.name)} must match {pattern.pattern}, got {value!r}")
         bounds = f.metadata.get("range")
         if bounds is None:
             continue

@@ -14,6 +14,7 @@ from .ar_retrofit.blocks import retrofit_blocks
 from .ar_retrofit.config import RetrofitConfig, check_rank
 from .ar_retrofit.parity import check_parity, tokenize_batch
 from .ar_retrofit.accounting import count_params
+from .backbones.devices import device_name, resolve_device
 from .backbones.dtypes import resolve_dtype
 from .backbones.loading import DEFAULT_BACKBONE, load_backbone, load_config
 
@@ -28,12 +29,15 @@ def check_against_config(model_name: str | None, config: RetrofitConfig, trust_r
     check_rank(config, model_config.hidden_size)
 
 
-def parity_of(model_name: str | None, dtype_name: str, config: RetrofitConfig, trust_remote_code: bool = False):
-    """Step-zero parity of the named backbone in one dtype ('auto' resolved as `dtypes.resolve_dtype`):
-    (check_parity's dict, the loaded backbone)."""
+def parity_of(model_name: str | None, dtype_name: str, config: RetrofitConfig, trust_remote_code: bool = False,
+              device: str = "auto"):
+    """Step-zero parity of the named backbone in one dtype ('auto' resolved as `dtypes.resolve_dtype` for the
+    device) on `device`: (check_parity's dict with the device's name, the loaded backbone)."""
     check_against_config(model_name, config, trust_remote_code)  # before any weights load
-    model, tokenizer = load_backbone(model_name, resolve_dtype(dtype_name), trust_remote_code)
-    return check_parity(model, tokenize_batch(tokenizer), config), model
+    device = resolve_device(device)
+    model, tokenizer = load_backbone(model_name, resolve_dtype(dtype_name, device), trust_remote_code, device)
+    result = check_parity(model, tokenize_batch(tokenizer, device=device), config)
+    return {**result, "device": device_name(device)}, model
 
 
 def parity_run(run_dir, options: ParityOptions = ParityOptions()) -> Path:
@@ -46,7 +50,7 @@ def parity_run(run_dir, options: ParityOptions = ParityOptions()) -> Path:
     result = {"model": name, "parity": []}
     for dtype_name in PARITY_DTYPES:
         print(f"[parity] {name} {dtype_name} ...", flush=True)
-        r, model = parity_of(model_name, dtype_name, config, trust_remote_code)
+        r, model = parity_of(model_name, dtype_name, config, trust_remote_code, options.device)
         result["parity"].append({"dtype": dtype_name, **r})
         print(f"[parity] {dtype_name}: max |diff| = {r['max_abs_diff']} ({'exact' if r['equal'] else 'NOT exact'})")
     result["params"] = count_params(model.config, config, name).to_dict()

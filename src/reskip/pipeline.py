@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .backbones.devices import device_name
 from .backbones.dtypes import describe, resolve_dtype_name
 from .parity_stage import parity_run
 from .data.sources import load_splits
@@ -63,20 +64,20 @@ class PipelineConfig(RunOptions):
         values = {**PRESETS[self.preset]["train"], **self.overrides}
         retrofit = {k: values.pop(k) for k in RETROFIT_KEYS if k in values}
         return TrainConfig.from_dict({**values, "model": self.model, "data": list(self.data), "retrofit": retrofit,
-                                      "dtype": self.dtype})
+                                      "dtype": self.dtype, "device": self.device})
 
     def calibrate_options(self) -> CalibrateOptions:
-        return CalibrateOptions(delta=self.delta, dtype=self.dtype, **PRESETS[self.preset]["calibrate"])
+        return CalibrateOptions(delta=self.delta, dtype=self.dtype, device=self.device, **PRESETS[self.preset]["calibrate"])
 
     def eval_options(self) -> EvalOptions:
         # The budgeted policy is the run's ReSkip (calibrate stores the frontier); every method is
         # also measured on the held-out source, with the thresholds calibrated on the run's data.
         heldout = [s for s in HELDOUT if s not in self.data]
-        return EvalOptions(quiet=True, dtype=self.dtype, mc_methods=parse_specs(list(MC_METHODS), METHOD_KINDS), heldout=heldout or None,
+        return EvalOptions(quiet=True, dtype=self.dtype, device=self.device, mc_methods=parse_specs(list(MC_METHODS), METHOD_KINDS), heldout=heldout or None,
                            **PRESETS[self.preset]["eval"])
 
     def diagnose_options(self) -> DiagnoseOptions:
-        return DiagnoseOptions(dtype=self.dtype, **PRESETS[self.preset]["diagnose"])
+        return DiagnoseOptions(dtype=self.dtype, device=self.device, **PRESETS[self.preset]["diagnose"])
 
 
 def _state(run: RunFolder) -> dict:
@@ -124,19 +125,23 @@ def run_pipeline(run_dir: Path, config: PipelineConfig | None = None, resume: bo
 
 def _run_stages(run: RunFolder, config: PipelineConfig | None, resume: bool) -> dict:
     state = _state(run)
-    if resume:
-        config = config_of(state)  # the run's own settings, whatever was passed
+    asked_device = (config or PipelineConfig()).device
+    if resume:  # the run's own settings, whatever was passed; the device is this machine's, as asked now
+        config = dataclasses.replace(config_of(state), device=asked_device)
     config = config or PipelineConfig()
     config.check()  # bad values fail here, before any stage runs
     if not resume:  # so do data that give no documents and settings the backbone's config rules out
         load_splits(config.data)
         check_against_backbone(config.train_config())
-    print(f"[dtype] {describe(config.dtype)}", flush=True)
-    config = dataclasses.replace(config, dtype=resolve_dtype_name(config.dtype))
+    device = device_name(config.device)  # resolved once: every stage computes there
+    print(f"[dtype] {describe(config.dtype, device)} on {device}", flush=True)
+    config = dataclasses.replace(config, dtype=resolve_dtype_name(config.dtype, device), device=device)
     run.root.mkdir(parents=True, exist_ok=True)
     if not resume:
         state.update(preset=config.preset, model=config.model, data=list(config.data), delta=config.delta,
                      overrides=dict(config.overrides), dtype=config.dtype)
+    if not resume or state.get("device") != device:  # where the latest stages ran
+        state["device"] = device
         atomic_write_json(run.pipeline, state)
     stages = {
         "parity": lambda: _parity(run, config),
@@ -165,7 +170,7 @@ def _run_stages(run: RunFolder, config: PipelineConfig | None, resume: bool) -> 
 
 
 def _parity(run: RunFolder, config: PipelineConfig) -> None:
-    result = read_json(parity_run(run.root, ParityOptions(config.model, retrofit=config.train_config().retrofit_config())))
+    result = read_json(parity_run(run.root, ParityOptions(config.model, device=config.device, retrofit=config.train_config().retrofit_config())))
     if not all(r["equal"] for r in result["parity"]):
         raise ReskipError("step-zero parity is not exact: the retrofit at c = 0 differs from the backbone")
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from .backbones.devices import resolve_device
 from .data.sources import load_splits
 from .errors import ReskipError
 from .skip.inference_run import AdapterSource, InferenceRun, check_positions, open_run, resolve_adapter
@@ -25,15 +26,16 @@ class StageInputs:
     seq_len: int
 
     def open(self, options: StageOptions, **kwargs) -> InferenceRun:
-        """The run opened for inference with the options' backbone, dtype and trust (`open_run`'s other
+        """The run opened for inference with the options' backbone, dtype, device and trust (`open_run`'s other
         arguments as keywords)."""
-        return open_run(self.run, model=options.model, dtype=options.dtype,
+        return open_run(self.run, model=options.model, dtype=options.dtype, device=options.device,
                         trust_remote_code=options.trust_remote_code, **kwargs)
 
 
 def read_stage_inputs(run, options: StageOptions, splits: tuple[str, ...]) -> StageInputs:
     """Resolve `run`, read its data (the options' specs, else the run's) and refuse any of `splits` that is empty;
     check the sequence length against the backbone's positions. Nothing heavy loads here."""
+    resolve_device(options.device)  # a device this machine lacks fails first
     source = resolve_adapter(run)
     specs = list(options.data or source.data_specs)
     documents, record = load_splits(specs)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from .ar_retrofit.config import RetrofitConfig
 from .config_fields import described
+from .device_names import DEVICE_HELP, DEVICE_PATTERN
 from .train_config import RECIPE_RETROFIT, TrainConfig
 
 # `backbones.dtypes` resolves these (auto: bfloat16 where the hardware computes it fast, float32 elsewhere)
@@ -51,6 +52,7 @@ class StageOptions:
     model: str | None = described(None, "the backbone: a Hugging Face id, a local folder or a .gguf (None: the "
                                         "run's, else the bundled SmolLM2-135M-Instruct)")
     dtype: str = described("auto", DTYPE_HELP, choices=DTYPE_NAMES)
+    device: str = described("auto", DEVICE_HELP, pattern=DEVICE_PATTERN)
     trust_remote_code: bool = described(False, "allow the model's own Python code to run")
     data: list[str] | None = described(None, "data specs (None: the run's own)")
     sequences: int = described(16, "sequences read from the stage's split", low=1)
@@ -74,6 +76,7 @@ class RunOptions:
                                   "whose skipping at most doubles perplexity", low=0.0)
     dtype: str = described("auto", DTYPE_HELP + "; every stage's ('auto' is resolved once, when the run starts)",
                            choices=DTYPE_NAMES)
+    device: str = described("auto", DEVICE_HELP + "; every stage's", pattern=DEVICE_PATTERN)
 
 
 @dataclass
@@ -82,6 +85,7 @@ class ParityOptions:
 
     model: str | None = described(None, "the backbone: a Hugging Face id, a local folder or a .gguf (None: the "
                                         "bundled SmolLM2-135M-Instruct)")
+    device: str = described("auto", DEVICE_HELP, pattern=DEVICE_PATTERN)
     trust_remote_code: bool = described(False, "allow the model's own Python code to run")
     retrofit: RetrofitConfig = described(default_factory=lambda: RetrofitConfig(**RECIPE_RETROFIT),
                                          help="the retrofit checked (default: the training recipe's)")

@@ -14,6 +14,7 @@ from .errors import ReskipError
 from .reading import read_yaml
 from .ar_retrofit.config import RetrofitConfig, check_rank, reject_unknown_keys
 from .config_fields import described
+from .device_names import DEVICE_HELP, DEVICE_PATTERN
 
 class _Yaml12Loader(yaml.SafeLoader):
     """PyYAML's safe loader, reading numbers as YAML 1.2 and JSON do: in YAML 1.1 a float needs a dot, so
@@ -70,6 +71,9 @@ class TrainConfig:
     dtype: str = described("auto", "the frozen backbone's compute dtype: auto (bfloat16 on CUDA and on CPUs with AMX "
                                    "or AVX512-BF16, else float32; written resolved), float32 or bfloat16; the "
                                    "side-channel stays float32")
+    device: str = described("auto", DEVICE_HELP + " (under torchrun or accelerate launch: each process its own "
+                                                  "GPU, or the CPU); not part of the run's identity: a run may "
+                                                  "resume on another device", pattern=DEVICE_PATTERN)
     trust_remote_code: bool = described(False, "let a model's own Python code run (off: it never does)")
     data: list[str] = described(help="training data specs: default (the bundled mix), text files or folders, JSONL, "
                                      "chat JSONL, a dataset id", default_factory=lambda: ["default"])
@@ -104,6 +108,9 @@ class TrainConfig:
     loss_chunk: int | None = described(64, "CE and KL from the LM head this many positions at a time (null: whole "
                                            "(B, T, V) logits); the step's peak memory 4.25 against 6.02 GiB at 8 x 256")
     recompute: bool = described(False, "activation checkpointing of the frozen layers: less memory, one more forward")
+    shard: bool = described(False, "shard the frozen decoder layers over the processes with FSDP2 (a backbone that "
+                                   "does not fit one device; under torchrun or accelerate launch --multi_gpu); not "
+                                   "part of the run's identity: the same training as data-parallel")
     report_to: str | None = described(None, "null, or tensorboard: every logged record also goes to RUN/tensorboard/")
     eval_every: int = described(25, "steps between validations")
     eval_sequences: int = described(16, "validation sequences")
@@ -140,6 +147,7 @@ class TrainConfig:
             need(isinstance(v, int) and not isinstance(v, bool), f"{name} must be an integer, got {v!r}")
         need(isinstance(self.trust_remote_code, bool), f"trust_remote_code must be true or false, got {self.trust_remote_code!r}")
         need(isinstance(self.recompute, bool), f"recompute must be true or false, got {self.recompute!r}")
+        need(isinstance(self.shard, bool), f"shard must be true or false, got {self.shard!r}")
         need(isinstance(self.skip_kl_curve, bool), f"skip_kl_curve must be true or false, got {self.skip_kl_curve!r}")
         need(self.report_to in REPORT_TO, f"report_to must be one of {REPORT_TO} (null: none), got {self.report_to!r}")
         need(self.model is None or isinstance(self.model, str), f"model must be a name or path, got {self.model!r}")
@@ -150,6 +158,8 @@ class TrainConfig:
             for w in self.data_weights.values())), f"data_weights must map sources to weights >= 0, got {self.data_weights!r}")
         need(isinstance(self.retrofit, dict), f"retrofit must be a mapping of retrofit keys, got {self.retrofit!r}")
         need(self.dtype in ("auto", "float32", "bfloat16"), f"dtype must be auto, float32 or bfloat16, got {self.dtype!r}")
+        need(isinstance(self.device, str) and DEVICE_PATTERN.fullmatch(self.device) is not None,
+             f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         for name in ("seq_len", "steps", "batch_size", "grad_accum", "eval_sequences", "eval_every", "save_every", "log_every",
                      "skip_max_blocks"):
             v = getattr(self, name)

@@ -24,6 +24,7 @@ from typing import Callable
 
 import torch
 
+from ..backbones.devices import model_device
 from ..ar_retrofit.model import ReskipModel
 from ..data.packing import Packed
 from ..losses import ce_tokens
@@ -55,7 +56,7 @@ def probe_features(cap, w_recent: torch.Tensor, n: int) -> torch.Tensor:
     router's w_recent(n) (B, T) and the position's share of the sequence."""
     h = cap.states[n - 1].float()  # (B, T, d)
     B, T = w_recent.shape
-    where = (torch.arange(T, dtype=torch.float32) / T).expand(B, T)
+    where = (torch.arange(T, dtype=torch.float32, device=w_recent.device) / T).expand(B, T)
     return torch.cat([h, w_recent.float()[..., None], where[..., None]], dim=-1)
 
 
@@ -166,13 +167,14 @@ def fit_probes(model: ReskipModel, data: Packed, blocks: list[int], window: int,
     states = {n: [] for n in blocks}
     costs = {n: [] for n in blocks}
     labelled = []
-    for ids, labels in data.batches(batch_size):
+    for ids, labels in data.batches(batch_size, model_device(model)):
         full, cap, base, cost = block_costs(model, ids, labels, blocks)
-        labelled.append(torch.nn.functional.pad(labels[:, 1:] != -100, (0, 1)))  # (B, T): position t predicts t+1
+        # the probes are small and fitted on the host, whatever device the model is on
+        labelled.append(torch.nn.functional.pad(labels[:, 1:] != -100, (0, 1)).cpu())  # (B, T): t predicts t+1
         for n in blocks:
             w = sliding_mean(full.alphas[n][..., -1].float(), window)  # (B, T)
-            states[n].append(probe_features(cap, w, n))
-            costs[n].append(cost[n])
+            states[n].append(probe_features(cap, w, n).cpu())
+            costs[n].append(cost[n].cpu())
         if progress is not None:
             progress(len(ids))
     model.train(was_training)

@@ -28,6 +28,7 @@ from typing import Callable
 
 import torch
 
+from ..backbones.devices import model_device
 from ..data.packing import Packed
 from ..ar_retrofit.model import ReskipModel
 from ..losses import ce_tokens
@@ -42,7 +43,7 @@ RATES = (0.25, 0.5)
 
 def choose_positions(scores: torch.Tensor, k: int) -> torch.Tensor:
     """(B, T) scores -> (B, T) bool mask of the k highest-scoring positions of each row."""
-    mask = torch.zeros(scores.shape, dtype=torch.bool)
+    mask = torch.zeros(scores.shape, dtype=torch.bool, device=scores.device)
     if k > 0:
         mask.scatter_(1, scores.topk(k, dim=1).indices, True)
     return mask
@@ -61,17 +62,17 @@ def signal_test(model: ReskipModel, data: Packed, blocks: list[int], window: int
     generator = torch.Generator().manual_seed(seed)
     full_nll, targets = [], []
     nll = {(n, p, c): [] for n in blocks for p in rates for c in choosers}
-    for ids, labels in data.batches(batch_size):
+    for ids, labels in data.batches(batch_size, model_device(model)):
         full, cap, base, costs = block_costs(model, ids, labels, blocks)
         full_nll.append(base.sum(1))
         targets.append((labels[:, 1:] != -100).sum(1))
-        later = torch.arange(ids.shape[1], dtype=torch.float32).expand(ids.shape)  # (B, T): the latest score highest
+        later = torch.arange(ids.shape[1], dtype=torch.float32, device=ids.device).expand(ids.shape)  # (B, T): the latest score highest
         for n in blocks:
             w = sliding_mean(full.alphas[n][..., -1].float(), window)  # (B, T): w_recent(n) at each position
-            scores = {"signal": w, "reverse": -w, "random": torch.rand(w.shape, generator=generator),
+            scores = {"signal": w, "reverse": -w, "random": torch.rand(w.shape, generator=generator).to(w.device),
                       "position": later, "oracle": -costs[n]}
             if probes:
-                scores["probe"] = -probes[n].predict(probe_features(cap, w, n))
+                scores["probe"] = -probes[n].predict(probe_features(cap, w, n).cpu()).to(w.device)  # fitted on the host
             for p in rates:
                 k = round(p * ids.shape[1])
                 for chooser in choosers:
@@ -84,10 +85,10 @@ def signal_test(model: ReskipModel, data: Packed, blocks: list[int], window: int
             progress(len(ids))
     model.train(was_training)
 
-    full_s = torch.cat(full_nll).double().numpy()
-    tgt = torch.cat(targets).double().numpy()
+    full_s = torch.cat(full_nll).double().cpu().numpy()
+    tgt = torch.cat(targets).double().cpu().numpy()
     ppl_full = math.exp(full_s.sum() / tgt.sum())
-    rows = [_row(n, p, {c: torch.cat(nll[(n, p, c)]).double().numpy() for c in choosers}, full_s, tgt, n_boot, seed)
+    rows = [_row(n, p, {c: torch.cat(nll[(n, p, c)]).double().cpu().numpy() for c in choosers}, full_s, tgt, n_boot, seed)
             for n in blocks for p in rates]
     out = {"window": window, "rates": list(rates), "sequences": len(data), "seq_len": int(data.input_ids.shape[1]),
            "ppl_full": ppl_full, "n_boot": n_boot, "choosers": list(choosers), "blocks": rows,

@@ -77,13 +77,21 @@ def config_hash(config) -> str:
     return hashlib.sha256(json.dumps(arch, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+WHOLE_WEIGHTS_DIGEST = "_reskip_whole_weights_digest"  # the attribute a sharded backbone keeps its digest in
+
+
 def weights_digest(model: nn.Module, n_values: int = 4096) -> str:
     """Digest of every backbone tensor's shape and first values, rounded to bfloat16.
 
     Rounding to bf16 makes the digest the same whether the backbone was loaded in
     float32 or bfloat16; parameter names are left out so wrapping does not change it, and so are the
     parameters of a LoRA the retrofit put inside the blocks (they are the adapter's, not the backbone's).
+    A sharded backbone (`train.sharding`) holds the digest of its whole weights, taken before they were sharded:
+    each process holds only a part of them after.
     """
+    kept = getattr(model, WHOLE_WEIGHTS_DIGEST, None)
+    if kept is not None:
+        return kept
     digest = hashlib.sha256()
     added = {id(p) for p in inner_lora.parameters(model)}
     for p in model.parameters():

@@ -105,15 +105,16 @@ class DepthPass:
 
     def _decide(self, n: int, alpha, x: torch.Tensor) -> None:
         """Ask the runtime about block n: True skips it on every row (its layers do not run), False runs
-        it; B bools, some True (a runtime deciding per row, `skip.runtime.RowsRuntime`), run it and make
-        it the identity on those rows, as `position_skip` does."""
+        it; B bools, some True (a runtime deciding per row, `skip.runtime.RowsRuntime`), or a (B,) bool
+        mask on the device (`skip.device_runtime.DeviceRowsRuntime`: no host read), run it and make it the
+        identity on those rows, as `position_skip` does."""
         decision = self.runtime.decide(n, alpha)
         if decision is True:
             self.idle.add(n)
         elif decision is not False:
             if self.pass_skip is self.position_skip:
                 self.pass_skip = dict(self.position_skip)
-            rows = torch.tensor(decision, device=x.device)  # (B,)
+            rows = decision if isinstance(decision, torch.Tensor) else torch.tensor(decision, device=x.device)  # (B,)
             self.pass_skip[n] = rows[:, None].expand(x.shape[:2])  # (B, T)
 
     def _grow_sources(self, n: int) -> None:

@@ -194,14 +194,21 @@ class ReskipModel(nn.Module):
             yield
 
     @contextlib.contextmanager
-    def skipping(self, policy, window: int, track_all: bool = False):
+    def skipping(self, policy, window: int, track_all: bool = False, on_device: bool | None = None):
         """Apply a skip policy (`reskip.skip.policies`) to every pass inside (scoring, chunks,
         `generate`); yields the runtime, whose `trace` records which blocks ran at each step, and
         w_recent for the blocks the policy reads (every block with `track_all`). A pass that starts
         with an empty cache starts a new sequence (history and trace reset). The policy builds its
-        own runtime (`policy.runtime(window, track_all)`), so the retrofit needs no skip code."""
-        with self.stepping(policy.runtime(window, track_all)) as runtime:
+        own runtime (`policy.runtime(window, track_all, on_device)`), so the retrofit needs no skip code.
+        on_device: the runtime's windows on the model's device (None: unless that is the CPU)."""
+        if on_device is None:
+            on_device = self.side_channel_device().type != "cpu"
+        with self.stepping(policy.runtime(window, track_all, on_device)) as runtime:
             yield runtime
+
+    def side_channel_device(self) -> torch.device:
+        """Where the side-channel (and so the routers' alpha) computes."""
+        return next(self.side_channel.parameters()).device
 
     @contextlib.contextmanager
     def stepping(self, runtime):
@@ -263,12 +270,16 @@ def retrofit(model: nn.Module, config: RetrofitConfig | None = None, seed: int =
     return ReskipModel(model, config, seed)
 
 
-def load_adapter(base_model: nn.Module, path, strict_weights: bool = True) -> ReskipModel:
-    """Retrofit `base_model` and load the saved side-channel of adapter folder `path` into it.
+def load_adapter(base_model: nn.Module, path, strict_weights: bool = True, device=None) -> ReskipModel:
+    """Retrofit `base_model` and load the saved side-channel of adapter folder `path` into it, on the backbone's
+    device (moved to `device` first when given: a torch device or 'cpu', 'cuda', 'cuda:N'; for 'auto' see
+    `backbones.devices.resolve_device`).
 
     Refuses another architecture, and other weights of the same architecture unless
     `strict_weights=False`."""
     path = Path(path)
+    if device is not None:
+        base_model.to(device)
     cfg = read_adapter_config(path)
     check_backbone(cfg["backbone"], base_model, strict_weights)
     state = read_adapter_weights(path)

@@ -25,6 +25,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from .. import compat
 from ..cache import cache_root, sha256_file
 from ..errors import ModelNotFoundError, ReskipError
+from .devices import resolve_device
 from .dtypes import resolve_dtype
 
 
@@ -188,20 +189,24 @@ def load_config(name: str | None, trust_remote_code: bool = False):
     return config
 
 
-def load_backbone(name: str | None = None, dtype: str | torch.dtype = "auto", trust_remote_code: bool = False):
-    """Load (model, tokenizer) in eval mode. Checks the architecture before any weights load.
+def load_backbone(name: str | None = None, dtype: str | torch.dtype = "auto", trust_remote_code: bool = False,
+                  device: str | torch.device = "auto"):
+    """Load (model, tokenizer) in eval mode on `device`. Checks the architecture before any weights load.
 
-    dtype: 'auto' (bfloat16 where the hardware computes it fast, else float32: `dtypes.resolve_dtype`),
-    'float32', 'bfloat16' or a torch dtype."""
-    dtype = resolve_dtype(dtype)
+    dtype: 'auto' (bfloat16 where `device` computes it fast, else float32: `dtypes.resolve_dtype`),
+    'float32', 'bfloat16' or a torch dtype. device: 'auto' (CUDA when torch sees one), 'cpu', 'cuda', 'cuda:N'."""
+    device = resolve_device(device)
+    dtype = resolve_dtype(dtype, device)
     load_config(name, trust_remote_code)
     _, source, gguf = resolve(name)
     kwargs = {"trust_remote_code": trust_remote_code}
     if gguf is not None:
         kwargs["gguf_file"] = gguf
     tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)
+    # on a GPU the weights load straight onto it (no full copy in host memory first)
+    placement = {"device_map": {"": str(device)}} if device.type == "cuda" else {}
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs, **placement)
     if getattr(model, "hf_quantizer", None) is not None:
         model.hf_quantizer = None
-    model.eval()
+    model.to(device).eval()
     return model, tokenizer

@@ -23,6 +23,7 @@ import yaml
 from peft import PeftModel, set_peft_model_state_dict
 from safetensors.torch import load_file
 
+from ..backbones.devices import device_name, model_device
 from ..backbones.dtypes import resolve_dtype_name
 from ..backbones.loading import load_backbone
 from ..config_fields import described
@@ -69,7 +70,7 @@ def sequence_nll(model, data: Packed, batch_size: int = 4) -> tuple[list[float],
     was = model.training
     model.eval()
     nll, targets = [], []
-    for ids, labels in data.batches(batch_size):
+    for ids, labels in data.batches(batch_size, model_device(model)):
         per = ce_tokens(model(input_ids=ids, use_cache=False).logits, labels)  # (B, T)
         nll += per.double().sum(-1).tolist()
         targets += (labels[:, 1:] != -100).sum(-1).tolist()
@@ -103,7 +104,7 @@ def train_lora(cfg: TrainConfig, arm: LoraArm, run_dir: Path, show_progress: boo
     text = arm_config_text(cfg, arm)
     if files.config.is_file():
         old_cfg, old_arm = read_arm(files.root)  # compared as configs: a field added since reads as its default
-        if old_cfg.to_dict() != cfg.to_dict() or old_arm != arm:
+        if {**old_cfg.to_dict(), "device": None} != {**cfg.to_dict(), "device": None} or old_arm != arm:
             raise ReskipError(f"{files.root} holds a baseline run of other settings (its config.yaml differs): "
                               "choose another folder or remove it")
         if files.summary.is_file() and (files.adapter / "adapter_model.safetensors").is_file():
@@ -142,7 +143,7 @@ def _train(cfg: TrainConfig, arm: LoraArm, files: RunFolder, splits, text: str, 
 
 def _open(cfg: TrainConfig, arm: LoraArm, files: RunFolder, splits) -> LoraRun:
     torch.manual_seed(cfg.seed)
-    base, tokenizer = load_backbone(cfg.model, cfg.dtype, cfg.trust_remote_code)
+    base, tokenizer = load_backbone(cfg.model, cfg.dtype, cfg.trust_remote_code, cfg.device)
     train_data, val_data = prepare_data(cfg, tokenizer, splits)
     ppl_backbone = perplexity(*sequence_nll(base, val_data, 1))
     if arm.drop_layers:
@@ -162,6 +163,7 @@ def _optimizer_step(run: LoraRun) -> dict:
     idx = [(step * cfg.batch_size + j) % len(run.train_data) for j in range(cfg.batch_size)]
     ids, labels = run.train_data.input_ids[idx], run.train_data.labels[idx]
     n_targets = max(1, int((labels[:, 1:] != -100).sum()))
+    ids, labels = ids.to(model_device(run.model)), labels.to(model_device(run.model))
     micro = cfg.batch_size // cfg.grad_accum
     total = 0.0
     run.model.train()
@@ -214,7 +216,7 @@ def _resume(run: LoraRun) -> None:
             run.files.train_log.unlink()
         return
     set_peft_model_state_dict(run.model, load_file(ckpt / "adapter_model.safetensors"))
-    state = torch.load(ckpt / STATE_NAME, weights_only=True)
+    state = torch.load(ckpt / STATE_NAME, weights_only=True, map_location="cpu")  # the optimizer moves it to its parameters
     run.optimizer.load_state_dict(state["optimizer"])
     if not 0 < state["step"] <= run.cfg.steps:
         raise ReskipError(f"{ckpt} is at step {state['step']}, outside this run's 1..{run.cfg.steps}: remove the "
@@ -231,7 +233,7 @@ def _finish(run: LoraRun, wall_s: float) -> dict:
                "ppl_backbone": run.ppl_backbone,
                "ppl_full": {"start": evals[0]["ppl_full"], "end": evals[-1]["ppl_full"]},
                "lora": run.accounting, "drop_layers": run.arm.drop_layers, "drop_blocks": run.arm.drop_blocks,
-               "lr": run.cfg.lr, "dtype": run.cfg.dtype}
+               "lr": run.cfg.lr, "dtype": run.cfg.dtype, "device": device_name(model_device(run.model))}
     atomic_folder(run.files.adapter, lambda tmp: run.model.save_pretrained(tmp))
     atomic_write_json(run.files.summary, summary)
     return summary
@@ -246,11 +248,11 @@ def read_arm(run_dir: Path) -> tuple[TrainConfig, LoraArm]:
     return TrainConfig.from_dict(data["train"]), LoraArm(**data["lora"])
 
 
-def load_lora_run(run_dir: Path, dtype: str | None = None) -> tuple[PeftModel, object]:
-    """A trained baseline run as (model with its LoRA, tokenizer): the backbone loaded, pruned as recorded and
-    the PEFT adapter applied."""
+def load_lora_run(run_dir: Path, dtype: str | None = None, device: str = "auto") -> tuple[PeftModel, object]:
+    """A trained baseline run as (model with its LoRA, tokenizer) on `device`: the backbone loaded, pruned as
+    recorded and the PEFT adapter applied."""
     cfg, arm = read_arm(run_dir)
-    base, tokenizer = load_backbone(cfg.model, dtype or cfg.dtype, cfg.trust_remote_code)
+    base, tokenizer = load_backbone(cfg.model, dtype or cfg.dtype, cfg.trust_remote_code, device)
     if arm.drop_layers:
         prune(base, set(arm.drop_layers))
     model = PeftModel.from_pretrained(base, RunFolder(run_dir).adapter, autocast_adapter_dtype=True)

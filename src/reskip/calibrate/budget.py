@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..backbones.devices import model_device
 from ..data.packing import Packed
 from ..losses import ce_sum
 from ..ar_retrofit.model import ReskipModel
@@ -67,7 +68,7 @@ def threshold(signals: torch.Tensor | list[float], share: float) -> float | None
     """tau such that `signal > tau` at about `share` of the steps; None: every step."""
     if share >= ALWAYS:
         return None
-    values = np.asarray(signals.flatten() if isinstance(signals, torch.Tensor) else signals, dtype=np.float64)
+    values = np.asarray(signals.flatten().cpu() if isinstance(signals, torch.Tensor) else signals, dtype=np.float64)
     return float(np.quantile(values, 1.0 - share))
 
 
@@ -78,7 +79,7 @@ def cost_curves(model: ReskipModel, data: Packed, window: int, chunk_size: int, 
     ends = chunk_ends(length, chunk_size)
     ce_full, n_targets = 0.0, int((data.labels[:, 1:] != -100).sum())
     signals: dict[int, list[torch.Tensor]] = {n: [] for n in range(2, n_blocks + 1)}
-    batches = list(data.batches(batch_size))
+    batches = list(data.batches(batch_size, model_device(model)))
     for ids, labels in batches:
         out = model(input_ids=ids, use_cache=False, output_alphas=True)
         ce_full += ce_sum(out.logits, labels).item()
@@ -183,7 +184,7 @@ def measure(model: ReskipModel, data: Packed, blocks: dict[str, dict], window: i
     ce, n_targets, skipped, steps = 0.0, 0, 0, 0
     seen: dict[int, list[float]] = {n: [] for n in policy.eligible if n not in policy.always}
     planned = plan(policy, model.n_blocks, len(chunk_ends(data.input_ids.shape[1], chunk_size)))
-    for ids, labels in data.batches(batch_size):
+    for ids, labels in data.batches(batch_size, model_device(model)):
         if planned is not None:  # whole blocks, no signal read: one cache-free pass (what the chunks compute)
             logits, traces = score_planned_whole(model, ids, [planned] * len(ids), chunk_size)
         else:

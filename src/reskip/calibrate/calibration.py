@@ -18,6 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..backbones.devices import model_device
 from ..data.packing import Packed
 from ..losses import ce_sum
 from ..ar_retrofit.adapter_io import fingerprint
@@ -86,11 +87,11 @@ def measure_blocks(model: ReskipModel, data: Packed, window: int, batch_size: in
     """One full pass per batch, and one replayed pass per block with that block as identity."""
     n_blocks = model.n_blocks
     m = BlockSums(0.0, 0, 0, {k: 0.0 for k in range(1, n_blocks + 1)},
-                  {n: torch.zeros(n) for n in range(2, n_blocks + 1)}, {k: 0.0 for k in range(1, n_blocks + 1)},
+                  {n: torch.zeros(n, device=model_device(model)) for n in range(2, n_blocks + 1)}, {k: 0.0 for k in range(1, n_blocks + 1)},
                   {n: [] for n in range(2, n_blocks + 1)}, {n: [] for n in range(2, n_blocks + 1)})
     was_training = model.training
     model.eval()
-    for i, (ids, labels) in zip(range(0, len(data), batch_size), data.batches(batch_size)):
+    for i, (ids, labels) in zip(range(0, len(data), batch_size), data.batches(batch_size, model_device(model))):
         with model.capturing() as captured:
             full = model(input_ids=ids, use_cache=False, output_alphas=True)
             cap = captured()
@@ -122,8 +123,8 @@ def block_entry(n: int, layers, m: BlockSums, ppl_full: float, mean_alpha: dict,
              "cos_in_out": m.cos_sum[n] / m.positions, "router": n >= 2}
     if n < 2:  # block 1 has a single source and no router: no signal, never eligible
         return {**entry, "tau": None, "quantile": None, "eligible": False}
-    w = torch.cat(m.w_values[n]).numpy()
+    w = torch.cat(m.w_values[n]).cpu().numpy()
     return {**entry, "tau": float(np.quantile(w, quantile)), "quantile": quantile,
             "w_recent_quantiles": np.quantile(w, np.linspace(0, 1, GRID)).tolist(), "w_recent_mean": float(w.mean()),
             "histogram": np.histogram(w, bins=20, range=(0.0, 1.0))[0].tolist(),
-            "signal": signal_health(torch.cat(m.prev_values[n]).numpy(), w), "eligible": bool(a < 1 + delta)}
+            "signal": signal_health(torch.cat(m.prev_values[n]).cpu().numpy(), w), "eligible": bool(a < 1 + delta)}

@@ -42,10 +42,11 @@ def _calibrate(inputs: StageInputs, options: CalibrateOptions, out: Path) -> Non
     opened = inputs.open(options, use_policy=False)
     data = pack(opened.tokenizer, inputs.splits["calib"], inputs.seq_len, options.sequences, seed=0)
     print(f"[calibrate] {len(data)} sequences x {inputs.seq_len} tokens from the calibration split of "
-          f"{inputs.data_specs}, in {describe(options.dtype)}", flush=True)
+          f"{inputs.data_specs}, in {describe(options.dtype, opened.device)} on {opened.device}", flush=True)
     policy = calibrate(opened.model, data, options.delta, options.quantile, options.window, options.max_skips,
                        data_record={"specs": inputs.data_specs, "split": "calib", **inputs.record["splits"]["calib"]})
     policy.data["calibration"]["dtype"] = opened.dtype
+    policy.data["calibration"]["device"] = opened.device
     if options.budgets:
         print(f"[calibrate] budget frontier at {', '.join(f'{b:g}' for b in options.budgets)} blocks per step "
               f"(steps of {options.chunk_size} tokens)", flush=True)

@@ -30,8 +30,8 @@ def cmd_parity(args) -> int:
     from ..backbones.dtypes import describe  # lazy: torch
 
     o = parity_options(args)
-    r, _ = parity_of(o.model, args.dtype, o.retrofit, o.trust_remote_code)
-    result = {"model": o.model or DEFAULT_BACKBONE, "dtype": describe(args.dtype), **r}
+    r, _ = parity_of(o.model, args.dtype, o.retrofit, o.trust_remote_code, o.device)
+    result = {"model": o.model or DEFAULT_BACKBONE, "dtype": describe(args.dtype, r["device"]), **r}
     _emit(result, args.json, [
         f"parity of {result['model']} ({result['dtype']}) at c = 0 over {result['tokens']} tokens "
         f"({result['padded_rows']} padded rows), {result['n_blocks']} blocks, rank {result['rank']}:",

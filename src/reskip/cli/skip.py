@@ -53,7 +53,7 @@ def cmd_generate(args) -> int:
     from ..skip.scoring import generate_text  # lazy: torch
     from ..skip.inference_run import open_run  # lazy: torch
 
-    opened = open_run(args.adapter, [spec], model=o.model, dtype=o.dtype, window=o.window, seed=o.seed,
+    opened = open_run(args.adapter, [spec], model=o.model, dtype=o.dtype, device=o.device, window=o.window, seed=o.seed,
                       trust_remote_code=o.trust_remote_code, dense_fallback=True)
     policy = opened.policy()
     text, per_step = generate_text(opened.model, opened.tokenizer, args.prompt, policy, opened.window, raw=o.raw,

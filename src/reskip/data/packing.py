@@ -31,10 +31,12 @@ class Packed:
     def n_tokens(self) -> int:
         return self.input_ids.numel()
 
-    def batches(self, batch_size: int):
-        """(input_ids, labels) of `batch_size` sequences at a time, in order (the last batch may be smaller)."""
+    def batches(self, batch_size: int, device: torch.device | str | None = None):
+        """(input_ids, labels) of `batch_size` sequences at a time, in order (the last batch may be smaller), on
+        `device` (default: where they are, the host)."""
         for i in range(0, len(self), batch_size):
-            yield self.input_ids[i : i + batch_size], self.labels[i : i + batch_size]
+            ids, labels = self.input_ids[i : i + batch_size], self.labels[i : i + batch_size]
+            yield (ids, labels) if device is None else (ids.to(device), labels.to(device))
 
 
 def _render(tokenizer, messages, generation_prompt=False) -> str:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..backbones.devices import model_device
 from ..data.packing import Packed
 from ..errors import ReskipError
 from ..fusion import fused
@@ -269,7 +270,7 @@ class EvalContext:
         operation on the same tensors, so the same logits."""
         model, key = self.model, tuple(rows)
         if key not in self.hidden:
-            ids = self.data.input_ids[rows]
+            ids = self.data.input_ids[rows].to(model_device(model))
             with model.side_channel_disabled():
                 h_back = model(input_ids=ids, use_cache=False, hidden_only=True).last_hidden_state  # (G, T, d)
             self.hidden[key] = (h_back, model(input_ids=ids, use_cache=False, hidden_only=True).last_hidden_state)
@@ -278,7 +279,7 @@ class EvalContext:
         for b, i in enumerate(rows):
             zb, zf = z_back[b : b + 1], z_full[b : b + 1]
             top2 = zf.topk(2, dim=-1).values
-            out[i] = References(self.data.labels[i : i + 1], zb, teacher_targets(zb), zb.argmax(-1), zf,
+            out[i] = References(self.data.labels[i : i + 1].to(zb.device), zb, teacher_targets(zb), zb.argmax(-1), zf,
                                 zf.argmax(-1), top2[..., 0] - top2[..., 1])
         return out
 

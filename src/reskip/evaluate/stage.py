@@ -72,8 +72,8 @@ def evaluate_run(run, options: EvalOptions = EvalOptions()) -> Path:
         bar.close()
         return out
 
-    print(f"[eval] {len(methods)} methods on {len(data)} test sequences x {seq_len} tokens, in {describe(options.dtype)}",
-          flush=True)
+    print(f"[eval] {len(methods)} methods on {len(data)} test sequences x {seq_len} tokens, in "
+          f"{describe(options.dtype, opened.device)} on {opened.device}", flush=True)
     results = run_methods(data, methods, "eval")
     mc = {}
     for m in mc_methods:
@@ -83,7 +83,8 @@ def evaluate_run(run, options: EvalOptions = EvalOptions()) -> Path:
     out = {
         "meta": {"adapter": str(source.adapter_dir), "policy": str(source.policy_path) if policy_file else None,
                  "sequences": len(data), "seq_len": seq_len, "chunk_size": options.chunk_size, "window": window,
-                 "n_blocks": model.n_blocks, "dtype": opened.dtype, "test_split": record["splits"]["test"], "data": specs},
+                 "n_blocks": model.n_blocks, "dtype": opened.dtype, "device": opened.device,
+                 "test_split": record["splits"]["test"], "data": specs},
         "methods": results,
         "multiple_choice": mc,
         "frontier": frontier_of(results, model.n_blocks),

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..ar_retrofit.blocks import partition_layers
+from ..backbones.devices import resolve_device
 from ..backbones.dtypes import resolve_dtype_name
 from ..backbones.loading import DEFAULT_BACKBONE, load_config
 from ..errors import ReskipError
@@ -50,7 +51,7 @@ def base_config(options: ExperimentOptions, check: bool = True) -> TrainConfig:
     # an arm's A(n) is its calibration's; the skip-branch KL at every validation would be one more pass per block
     overrides.setdefault("skip_kl_curve", False)
     pc = PipelineConfig(options.preset, options.model, list(options.data), overrides,
-                        dtype=resolve_dtype_name(options.dtype))
+                        dtype=resolve_dtype_name(options.dtype, resolve_device(options.device)), device=options.device)
     if check:
         pc.check()
     return pc.train_config()

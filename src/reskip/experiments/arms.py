@@ -90,9 +90,9 @@ def run_arm(arm: Arm, base: TrainConfig, folder: Path, measure: Measure, show=pr
     t_train = time.perf_counter() - t0
     show(f"[{arm.name}] calibrating on {measure.calib_sequences} sequences")
     options = CalibrateOptions(sequences=measure.calib_sequences, budgets=measure.budgets,
-                               chunk_size=measure.chunk_size, dtype=cfg.dtype)
+                               chunk_size=measure.chunk_size, dtype=cfg.dtype, device=cfg.device)
     policy = PolicyFile.load(calibrate_run(folder, options))
-    opened = open_run(folder, dtype=cfg.dtype)
+    opened = open_run(folder, dtype=cfg.dtype, device=cfg.device)
     model = opened.model
     n_blocks = model.n_blocks
     st = None

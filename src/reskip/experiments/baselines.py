@@ -68,7 +68,7 @@ def run(options: ExperimentOptions, folder: Path, show=print) -> dict | None:
     methods = METHODS + _variants(options.variants)
     chosen = _chosen_arms(options.arms, methods)
     pc = PipelineConfig(options.preset, options.model, list(options.data), {**options.overrides, "seed": options.seed},
-                        dtype=options.dtype)
+                        dtype=options.dtype, device=options.device)
     pc.check()
     recipe = pc.train_config()
     lrs = sorted(options.lrs or [recipe.lr * f for f in LR_FACTORS])
@@ -171,7 +171,7 @@ def _block_costs(pc: PipelineConfig, folder: Path, show) -> BlockCosts:
         if d.get("settings") == settings:
             return BlockCosts.from_dict(d)
     splits, _ = load_splits(cfg.data)
-    model, tok = load_backbone(cfg.model, cfg.dtype, cfg.trust_remote_code)
+    model, tok = load_backbone(cfg.model, cfg.dtype, cfg.trust_remote_code, cfg.device)
     data = pack(tok, splits["calib"], cfg.seq_len, n_seq, seed=0)
     show(f"[experiment baselines] the backbone's block costs on {len(data)} calibration sequences")
     costs = backbone_block_costs(model, data, rc.block_size, rc.boundaries)
@@ -254,7 +254,7 @@ def _measure(pc: PipelineConfig, folder: Path, best: dict, costs: BlockCosts, va
     n_seq = PRESETS[pc.preset]["eval"]["sequences"]
     n_layers = sum(len(b) for b in costs.blocks)
 
-    model, tok = load_backbone(cfg.model, ev["meta"]["dtype"], cfg.trust_remote_code)
+    model, tok = load_backbone(cfg.model, ev["meta"]["dtype"], cfg.trust_remote_code, cfg.device)
     # packed once: every arm shares the backbone's tokenizer
     seqs = {"test": pack(tok, data["test"], cfg.seq_len, n_seq, seed=0),
             "kjv": pack(tok, held["test"], cfg.seq_len, n_seq, seed=0)}
@@ -270,13 +270,13 @@ def _measure(pc: PipelineConfig, folder: Path, best: dict, costs: BlockCosts, va
     check = row_of(model, 0, 0)  # the backbone scored by this path: the eval's ratio denominator, re-measured
     for k in (1, 2):
         show(f"[experiment baselines] measuring pruned:{k} (no healing)")
-        model, _ = load_backbone(cfg.model, ev["meta"]["dtype"], cfg.trust_remote_code)
+        model, _ = load_backbone(cfg.model, ev["meta"]["dtype"], cfg.trust_remote_code, cfg.device)
         blocks = costs.cheapest(k)
         rows[f"pruned:{k}"] = row_of(prune(model, costs.layers_of(blocks)), k, len(costs.layers_of(blocks)))
     for method in METHODS[1:]:
         show(f"[experiment baselines] measuring {best[method]}")
         where = folder / "arms" / arm_slug(best[method])
-        model, _ = load_lora_run(where, ev["meta"]["dtype"])
+        model, _ = load_lora_run(where, ev["meta"]["dtype"], cfg.device)
         arm = read_json(RunFolder(where).summary)
         rows[method] = row_of(model, len(arm["drop_blocks"]), len(arm["drop_layers"]))
     back = {s: rows["backbone"]["per_sequence"][s] for s in SPLITS}

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config_fields import described
+from ..device_names import DEVICE_HELP, DEVICE_PATTERN
 from ..stage_options import DTYPE_HELP, DTYPE_NAMES, PRESET_HELP, PRESETS
 
 EXPERIMENTS = ("variants", "block-size", "mix", "placement", "scale", "baselines")
@@ -45,4 +46,5 @@ class ExperimentOptions:
               "None: neither): side+lora (the side-channel at half its rank and a LoRA inside the blocks) and "
               "full-teacher (the skip branch distilled toward the full path)")
     dtype: str = described("auto", DTYPE_HELP + ", in every arm", choices=DTYPE_NAMES)
+    device: str = described("auto", DEVICE_HELP + ", for every arm", pattern=DEVICE_PATTERN)
     quiet: bool = described(False, "print only the results")

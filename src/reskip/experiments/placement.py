@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from .. import compat
+from ..backbones.devices import model_device
 from ..backbones.loading import load_backbone, load_config
 from ..data.packing import pack
 from ..data.sources import load_splits
@@ -85,16 +86,16 @@ def layer_states(model, input_ids: torch.Tensor) -> torch.Tensor:
 
     def before(module, args, kwargs):
         h = args[0] if args else kwargs["hidden_states"]
-        states.append(h.detach().float().reshape(-1, h.shape[-1]))
+        states.append(h.detach().float().reshape(-1, h.shape[-1]).cpu())  # the fits run on the host
 
     def after(module, args, kwargs, out):
         h = compat.layer_hidden(out)
-        states.append(h.detach().float().reshape(-1, h.shape[-1]))
+        states.append(h.detach().float().reshape(-1, h.shape[-1]).cpu())
 
     handles = [l.register_forward_pre_hook(before, with_kwargs=True) for l in layers]
     handles.append(layers[-1].register_forward_hook(after, with_kwargs=True))
     try:
-        model(input_ids=input_ids, use_cache=False)
+        model(input_ids=input_ids.to(model_device(model)), use_cache=False)
     finally:
         for h in handles:
             h.remove()
@@ -165,7 +166,7 @@ def run(options: ExperimentOptions, folder: Path, show=print) -> dict:
     k_share = max(2, round(L * k_doc / doc["n_layers"]))
     k_half = max(2, round(L * k_doc / 2 / doc["n_layers"]))
     splits, _ = load_splits(base.data)
-    model, tok = load_backbone(base.model, base.dtype, base.trust_remote_code)  # states are read in float32
+    model, tok = load_backbone(base.model, base.dtype, base.trust_remote_code, base.device)  # states read in float32
     # Enough fitting tokens for 2 d + 1 coefficients per dropped state (at most 16,384: the states are held whole).
     n_fit = options.calib_sequences or min(4 * PRESETS[options.preset]["calibrate"]["sequences"], 16384 // base.seq_len)
     n_test = options.test_sequences or 2 * PRESETS[options.preset]["diagnose"]["signal_sequences"]

@@ -53,7 +53,8 @@ def run(options: ExperimentOptions, folder: Path, show=print) -> dict | None:
         raise ReskipError(f"`scale` has no arm {', '.join(map(repr, unknown))}; its arms: {', '.join(SCALE_PRESETS)} "
                           "(presets at 1x, 4x and 10x the standard training tokens)")
     overrides = {**options.overrides, "seed": options.seed}
-    configs = {p: PipelineConfig(p, options.model, list(options.data), overrides, dtype=options.dtype) for p in presets}
+    configs = {p: PipelineConfig(p, options.model, list(options.data), overrides, dtype=options.dtype,
+                                 device=options.device) for p in presets}
     for c in configs.values():  # every arm's configuration is checked before the first trains
         c.check()
     for k, (preset, config) in enumerate(configs.items(), start=1):

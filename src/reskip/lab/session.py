@@ -13,7 +13,7 @@ import torch
 from ..data.packing import pack
 from ..data.sources import load_splits
 from ..losses import ce_tokens
-from ..skip.scoring import score
+from ..skip.scoring import on_model, score
 from ..skip.inference_run import open_run
 from .variables import VARIABLES, LabError, Setting, apply, baseline
 
@@ -24,8 +24,8 @@ DIRECTIONS = ("better", "worse", "unchanged")
 
 
 class LabSession:
-    def __init__(self, run, model: str | None = None, dtype: str = "auto"):
-        self.opened = open_run(run, model=model, dtype=dtype, require_policy=True)
+    def __init__(self, run, model: str | None = None, dtype: str = "auto", device: str = "auto"):
+        self.opened = open_run(run, model=model, dtype=dtype, device=device, require_policy=True)
         self.model, self.tokenizer = self.opened.model, self.opened.tokenizer
         self.policy_file = self.opened.policy_file
         self.has_shortcut = bool(self.model.side_channel.shortcuts)
@@ -60,7 +60,7 @@ class LabSession:
         if ids.shape[1] > MAX_TOKENS:
             raise LabError(f"the text has {ids.shape[1]} tokens; the lab takes at most {MAX_TOKENS} (one step per "
                            "token): shorten it")
-        return ids
+        return on_model(self.model, ids)
 
     @contextlib.contextmanager
     def _as(self, setting: Setting):

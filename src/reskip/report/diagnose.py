@@ -16,6 +16,7 @@ from ..io_atomic import atomic_write_json
 from ..ar_retrofit.blocks import inclusive_ranges
 from ..skip.window import sliding_mean
 from ..skip.inference_run import DEFAULT_WINDOW
+from ..skip.scoring import on_model
 from ..analysis.signal_health import signal_health
 from ..analysis.cost_probe import fit_probes
 from ..analysis.signal_test import signal_test
@@ -42,12 +43,13 @@ def diagnose_run(run, options: DiagnoseOptions = DiagnoseOptions()) -> Path:
         if not options.quiet:
             print(f"[diagnose] {what} (elapsed {time.monotonic() - t0:.0f} s)", flush=True)
 
-    say(f"in {describe(options.dtype)}")
+    say(f"in {describe(options.dtype, opened.device)} on {opened.device}")
     source, model, tok, policy = opened.source, opened.model, opened.tokenizer, opened.policy_file
     context, sample_tokens, splits, seq_len = options.context, options.sample_tokens, inputs.splits, inputs.seq_len
     data = pack(tok, splits["test"], seq_len, options.sequences, seed=1)
     cfg = model.base_model.config
-    result = {"model": source.model_name or DEFAULT_BACKBONE, "dtype": opened.dtype, "n_blocks": model.n_blocks,
+    result = {"model": source.model_name or DEFAULT_BACKBONE, "dtype": opened.dtype, "device": opened.device,
+              "n_blocks": model.n_blocks,
               "blocks": inclusive_ranges(model.blocks)}
     say(f"dilution, memory and routing health on {len(data)} test sequences x {seq_len} tokens")
     result["dilution"] = dilution(model, data.input_ids)
@@ -61,9 +63,9 @@ def diagnose_run(run, options: DiagnoseOptions = DiagnoseOptions()) -> Path:
     ev = last_eval(source.files.train_log)
     window = policy.data["window"] if policy else DEFAULT_WINDOW
     with torch.no_grad():  # the routing on the test sequences: spread per block, and mean alpha without a policy
-        alphas = model(input_ids=data.input_ids, use_cache=False, output_alphas=True).alphas
-    signal = {str(n): signal_health(a[..., -1].float().flatten().numpy(),
-                                    sliding_mean(a[..., -1].float(), window).flatten().numpy())
+        alphas = model(input_ids=on_model(model, data.input_ids), use_cache=False, output_alphas=True).alphas
+    signal = {str(n): signal_health(a[..., -1].float().flatten().cpu().numpy(),
+                                    sliding_mean(a[..., -1].float(), window).flatten().cpu().numpy())
               for n, a in alphas.items()}
     mean_alpha = policy.data["mean_alpha"] if policy else None
     if mean_alpha is None:

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
+from ..skip.scoring import on_model
 from ..compat import cache_kwarg
 from ..ar_retrofit.model import ReskipModel
 from ..skip.policies import SkipPolicy
@@ -31,6 +32,7 @@ def dilution(model: ReskipModel, ids: torch.Tensor) -> dict:
     cos2(l) = cos(h_0, h_l)^2 (the share of h_l's energy along h_0's direction).
     Means over tokens; the first token (often a huge-norm attention sink) is excluded.
     """
+    ids = on_model(model, ids)
     outputs = []
     hooks = [w.layer.register_forward_hook(lambda m, a, o: outputs.append(o[0] if isinstance(o, tuple) else o))
              for w in model.base_model.model.layers]
@@ -140,6 +142,7 @@ def reading_discipline(policy: PolicyFile) -> dict:
 @torch.no_grad()
 def token_trace(model: ReskipModel, ids: torch.Tensor, policy: SkipPolicy, window: int) -> dict:
     """Teacher-forced decoding, one token per step: per token, w_recent of every block and the blocks skipped."""
+    ids = on_model(model, ids)
     with model.skipping(policy, window, track_all=True) as runtime:
         cache = DynamicCache()
         for t in range(ids.shape[1]):

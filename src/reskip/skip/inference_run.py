@@ -17,6 +17,7 @@ from typing import Sequence
 import torch
 
 from ..backbones.dtypes import resolve_dtype_name
+from ..backbones.devices import device_name, model_device, resolve_device
 from ..backbones.loading import load_backbone, load_config
 from ..errors import AdapterError, ReskipError
 from ..ar_retrofit.config import ADAPTER_CONFIG_NAME
@@ -91,9 +92,9 @@ def check_positions(source: AdapterSource, seq_len: int, model: str | None = Non
 
 
 def load_retrofitted(source: AdapterSource, model: str | None = None, dtype: str | torch.dtype = "auto",
-                     trust_remote_code: bool = False):
-    """(ReskipModel, tokenizer) for the source's adapter on its backbone (or `model`)."""
-    base, tokenizer = load_backbone(model or source.model_name, dtype, trust_remote_code)
+                     trust_remote_code: bool = False, device: str | torch.device = "auto"):
+    """(ReskipModel, tokenizer) for the source's adapter on its backbone (or `model`), on `device`."""
+    base, tokenizer = load_backbone(model or source.model_name, dtype, trust_remote_code, device)
     return load_adapter(base, source.adapter_dir), tokenizer
 
 
@@ -107,6 +108,7 @@ class InferenceRun:
     specs: list[Spec] = field(default_factory=list)  # after the dense fallback
     seed: int = 0
     dtype: str = "float32"  # the backbone's compute dtype, resolved ('auto' never appears here)
+    device: str = "cpu"  # where the model computes, resolved ('cpu', 'cuda:N')
     policies: dict[str, SkipPolicy] = field(default_factory=dict)  # spec text -> the policy built when opened
 
     def policy(self, spec: Spec | None = None) -> SkipPolicy:
@@ -119,7 +121,7 @@ class InferenceRun:
 
 
 def open_run(path, specs: Sequence[Spec] = (), *, model: str | None = None, dtype: str | torch.dtype = "auto",
-             window: int | None = None, seed: int = 0, trust_remote_code: bool = False,
+             device: str | torch.device = "auto", window: int | None = None, seed: int = 0, trust_remote_code: bool = False,
              dense_fallback: bool = False, require_policy: bool = False, use_policy: bool = True) -> InferenceRun:
     """Open `path` for inference under `specs` (policies; methods such as `backbone` pass through).
 
@@ -127,6 +129,7 @@ def open_run(path, specs: Sequence[Spec] = (), *, model: str | None = None, dtyp
     stderr) instead of an error. require_policy: a missing policy file is an error. A spec given as
     a policy-file path reads that file instead of the run's policy.json. use_policy=False: the run's policy file
     is neither read nor checked (calibration, which writes a new one)."""
+    device = resolve_device(device)  # a bad or absent device fails first
     source = resolve_adapter(path)
     explicit = next((Path(s.path) for s in specs if s.path), None)
     policy_file = PolicyFile.load(explicit) if explicit else (source.policy() if use_policy else None)
@@ -136,9 +139,10 @@ def open_run(path, specs: Sequence[Spec] = (), *, model: str | None = None, dtyp
         specs = [dense_if_uncalibrated(s, policy_file, source.adapter_dir) for s in specs]
     # every policy is built here, so a bad spec fails before the model loads; they are kept for use
     policies = {s.text: make_policy(s, policy_file, seed) for s in specs if s.kind in BUILDERS}
-    rm, tokenizer = load_retrofitted(source, model, dtype, trust_remote_code)
+    rm, tokenizer = load_retrofitted(source, model, dtype, trust_remote_code, device)
     if policy_file is not None:
         policy_file.check_model(rm)
     window = window or (policy_file.data["window"] if policy_file else DEFAULT_WINDOW)
     dtype_name = resolve_dtype_name(next(rm.base_model.parameters()).dtype)
-    return InferenceRun(source, rm, tokenizer, policy_file, window, list(specs), seed, dtype_name, policies)
+    return InferenceRun(source, rm, tokenizer, policy_file, window, list(specs), seed, dtype_name,
+                        device_name(model_device(rm)), policies)

@@ -14,6 +14,7 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 
+from .device_runtime import DeviceSkipRuntime
 from .runtime import SkipRuntime
 
 
@@ -33,6 +34,11 @@ class SkipPolicy:
         True unless a policy says otherwise, so a new policy always sees its signal."""
         return True
 
+    def reads_now(self, n: int, skipped_so_far: int, step: int) -> bool:
+        """Whether `skip` reads w_recent(n) in this call: a runtime with its windows on the device reads the value
+        back only then (one host read where Python branches). The policies that ignore it past a cap say so."""
+        return self.reads_signal(n)
+
     def describe(self) -> dict:
         return {"policy": self.name}
 
@@ -40,8 +46,12 @@ class SkipPolicy:
         """Called by the runtime when a sequence starts (a policy that decides once per sequence forgets the
         last one's choice here); most policies keep nothing per sequence."""
 
-    def runtime(self, window: int, track_all: bool = False) -> SkipRuntime:
-        """The per-sequence state that applies this policy step by step (`ReskipModel.skipping`)."""
+    def runtime(self, window: int, track_all: bool = False, on_device: bool = False):
+        """The per-sequence state that applies this policy step by step (`ReskipModel.skipping`): its windows as
+        host floats (`runtime.SkipRuntime`, the cheapest on a CPU), or `on_device` as tensors on the model's device
+        (`device_runtime.DeviceSkipRuntime`: no host read but where Python branches), the same decisions."""
+        if on_device:
+            return DeviceSkipRuntime(self, window, track_all)
         return SkipRuntime(self, window, track_all)
 
 
@@ -50,6 +60,9 @@ class NoSkip(SkipPolicy):
     pure = True
 
     def reads_signal(self, n):
+        return False
+
+    def skip_rows(self, n, w_recent, skipped_so_far, step):
         return False
 
 
@@ -72,8 +85,21 @@ class ReSkip(SkipPolicy):
             return False
         return n in self.always or w_recent > self.tau[n]
 
+    def skip_rows(self, n, w_recent, skipped_so_far, step):
+        """`skip` for every row of a batch on the device: w_recent (B,) float64 (None: block n has no router),
+        skipped_so_far an int or (B,) counts; False, True, or a (B,) bool mask."""
+        if n not in self.eligible:
+            return False
+        below = skipped_so_far < self.max_skips  # a bool, or (B,)
+        if n in self.always or below is False:
+            return below
+        return below & (w_recent > self.tau[n])
+
     def reads_signal(self, n):
         return n in self.eligible and n not in self.always
+
+    def reads_now(self, n, skipped_so_far, step):
+        return self.reads_signal(n) and skipped_so_far < self.max_skips
 
     def describe(self):
         out = {"policy": self.name, "max_skips": self.max_skips, "eligible": sorted(self.eligible),
@@ -153,6 +179,9 @@ class SequenceSkip(SkipPolicy):
         w = sum(seen) / len(seen)
         below = bisect.bisect_left(grid, w)
         return below / len(grid)
+
+    def reads_now(self, n, skipped_so_far, step):
+        return step < self.prefix_steps and n in self.eligible
 
     def skip(self, n, w_recent, skipped_so_far, step):
         if step < self.prefix_steps:
@@ -239,6 +268,8 @@ class PlannedSkip(SkipPolicy):
 
     def skip(self, n, w_recent, skipped_so_far, step):
         return n in self.steps[step]
+
+    skip_rows = skip  # the same for every row: a bool
 
     def reads_signal(self, n):
         return False

@@ -11,10 +11,20 @@ import torch
 from transformers import DynamicCache
 
 from .. import compat
+from ..backbones.devices import model_device
 from ..errors import ReskipError
 from ..ar_retrofit.model import ReskipModel
 from .policies import PlannedSkip, SkipPolicy
+from .device_runtime import DeviceRowsRuntime
 from .runtime import RowsRuntime, StepTrace
+
+
+def on_model(model: ReskipModel, *tensors):
+    """`tensors` (None kept) on the model's device: every scoring and generation function takes its inputs from
+    wherever they were made (a tokenizer's and the packed data's are on the host) and computes where the model is."""
+    device = model_device(model)
+    moved = tuple(None if t is None else t.to(device) for t in tensors)
+    return moved if len(moved) > 1 else moved[0]
 
 
 def _steps(model: ReskipModel, input_ids, chunk_size: int | None, attention_mask=None) -> torch.Tensor:
@@ -33,10 +43,13 @@ def _steps(model: ReskipModel, input_ids, chunk_size: int | None, attention_mask
 
 @torch.no_grad()
 def score(model: ReskipModel, input_ids, policy: SkipPolicy, window: int, chunk_size: int | None = None,
-          attention_mask=None, track_all: bool = False) -> tuple[torch.Tensor, list[StepTrace]]:
+          attention_mask=None, track_all: bool = False, on_device: bool | None = None
+          ) -> tuple[torch.Tensor, list[StepTrace]]:
     """Logits (B, T, V) under `policy`: one step for the whole text, or one step per chunk (with a cache).
-    track_all: every block's w_recent in the trace, not only the ones the policy reads."""
-    with model.skipping(policy, window, track_all) as runtime:
+    track_all: every block's w_recent in the trace, not only the ones the policy reads. on_device: the runtime's
+    state on the model's device (`ReskipModel.skipping`; None: unless that is the CPU)."""
+    input_ids, attention_mask = on_model(model, input_ids, attention_mask)
+    with model.skipping(policy, window, track_all, on_device) as runtime:
         return _steps(model, input_ids, chunk_size, attention_mask), list(runtime.trace)
 
 
@@ -62,6 +75,7 @@ def score_planned(model: ReskipModel, input_ids, plans: list[PlannedSkip], chunk
     `score`); a block only some rows skip runs, and acts as identity on those rows (`skipping_positions`:
     its K/V there are those of its unchanged input, which is what the exact cache holds). Equal to `score`
     row by row up to float rounding (batched matrix products), which the tests bound."""
+    input_ids = on_model(model, input_ids)
     B, T = input_ids.shape
     steps = _planned_steps(plans, B, T, chunk_size)
     cache = DynamicCache() if T > chunk_size else None  # one step: no cache, as `score`
@@ -85,6 +99,7 @@ def score_planned_whole(model: ReskipModel, input_ids, plans: list[PlannedSkip],
     of the steps `plans[b]` skips it at. A block every row skips at every step does not run at all. Equal to
     `score_planned` up to float rounding (the tests bound it); the time is that of one pass of large matrix
     products instead of one pass per chunk of small ones (in bfloat16 on a CPU, several times less)."""
+    input_ids = on_model(model, input_ids)
     B, T = input_ids.shape
     steps = _planned_steps(plans, B, T, chunk_size)
     everywhere = frozenset.intersection(*(r for *_, rows in steps for r in rows))
@@ -107,23 +122,33 @@ def _step_masks(steps, B: int, T: int, device, leave_out=frozenset()) -> dict[in
 
 
 @torch.no_grad()
-def score_rows(model: ReskipModel, input_ids, policy: SkipPolicy, window: int, chunk_size: int
-               ) -> tuple[torch.Tensor, list[list[StepTrace]]]:
+def score_rows(model: ReskipModel, input_ids, policy: SkipPolicy, window: int, chunk_size: int,
+               on_device: bool | None = None) -> tuple[torch.Tensor, list[list[StepTrace]]]:
     """Logits (B, T, V) of B sequences scored together in chunks with the exact cache under a policy that
     reads the routers' signal, each row deciding from its own signal (`runtime.RowsRuntime`): what `score`
     computes for each row alone, in one batched pass. A block every row skips at a step does not run; one
     some rows skip runs and is the identity on them (as in `score_planned`). A row's decisions read its own
     alpha, equal to the lone row's up to the batched products' rounding: a w_recent within that rounding
-    of tau_n could decide otherwise (the tests compare decisions and logits row by row)."""
-    runtime = RowsRuntime(policy, window, input_ids.shape[0])
+    of tau_n could decide otherwise (the tests compare decisions and logits row by row). on_device: the rows'
+    decisions as masks on the model's device (`device_runtime.DeviceRowsRuntime`: no host read in the block
+    loop, every block runs; None: unless the model is on the CPU, where a host read costs nothing and a block
+    every row skips is left out)."""
+    input_ids = on_model(model, input_ids)
+    if on_device is None:
+        on_device = model.side_channel_device().type != "cpu"
+    kind = DeviceRowsRuntime if on_device else RowsRuntime
+    runtime = kind(policy, window, input_ids.shape[0])
     with model.stepping(runtime):
         return _steps(model, input_ids, chunk_size), runtime.traces
 
 
 @torch.no_grad()
-def generate(model: ReskipModel, input_ids, policy: SkipPolicy, window: int, attention_mask=None, **kwargs):
-    """`generate()` under a policy. Returns (generate output, trace); trace[i] produced new token i."""
-    with model.skipping(policy, window) as runtime:
+def generate(model: ReskipModel, input_ids, policy: SkipPolicy, window: int, attention_mask=None,
+             on_device: bool | None = None, **kwargs):
+    """`generate()` under a policy. Returns (generate output, trace); trace[i] produced new token i. on_device: as
+    in `score`."""
+    input_ids, attention_mask = on_model(model, input_ids, attention_mask)
+    with model.skipping(policy, window, on_device=on_device) as runtime:
         out = model.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
         return out, list(runtime.trace)
 
@@ -147,5 +172,5 @@ def generate_text(model: ReskipModel, tokenizer, prompt: str, policy: SkipPolicy
     torch.manual_seed(seed)
     out, trace = generate(model, enc.input_ids, policy, window, attention_mask=enc.attention_mask,
                           pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id, **generate_kwargs)
-    new = out[0, enc.input_ids.shape[1]:]
+    new = out[0, enc.input_ids.shape[1]:].cpu()
     return tokenizer.decode(new, skip_special_tokens=True), [len(t.skipped) for t in trace[: len(new)]]

@@ -10,6 +10,6 @@ import torch.nn.functional as F
 def sliding_mean(a: torch.Tensor, window: int) -> torch.Tensor:
     """(B, T) -> (B, T): mean of the last `window` values up to and including each position."""
     c = F.pad(a.cumsum(-1), (1, 0))  # (B, T + 1)
-    t = torch.arange(1, a.shape[-1] + 1)
+    t = torch.arange(1, a.shape[-1] + 1, device=a.device)
     lo = (t - window).clamp_min(0)
     return (c[:, t] - c[:, lo]) / (t - lo)

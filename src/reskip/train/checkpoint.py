@@ -74,7 +74,7 @@ def load_checkpoint(path: Path, model: ReskipModel, optimizer) -> dict:
     cfg = read_adapter_config(path)
     check_backbone(cfg["backbone"], model.base_model)
     try:
-        state = torch.load(path / STATE_NAME, weights_only=True)
+        state = torch.load(path / STATE_NAME, weights_only=True, map_location="cpu")  # the optimizer moves it to its parameters
         model.load_adapter_state(read_adapter_weights(path))
     except Exception as e:  # noqa: BLE001 - any unreadable checkpoint gets the same clear message
         raise ReskipError(f"checkpoint {path} is unreadable ({type(e).__name__}: {e}); delete it to use an older one") from e

@@ -18,6 +18,7 @@ from typing import Callable
 import torch
 from accelerate import Accelerator
 
+from ..backbones.devices import device_name, resolve_device
 from ..backbones.dtypes import describe, resolve_dtype_name
 from ..backbones.loading import DEFAULT_BACKBONE, load_backbone, load_config
 from ..data.packing import Packed, pack
@@ -35,6 +36,8 @@ from .checkpoint import CHECKPOINT_NAME, latest_checkpoint, load_checkpoint, sav
 from ..train_config import TrainConfig
 from .log import append_record, last_eval, read_log, summarize, truncate_after
 from .objective import RetrofitObjective
+from .process_group import check_launch, launched_processes
+from .sharding import average_gradients, shard_backbone
 from .schedules import curriculum, drawn_blocks, learning_rate, skipped_positions
 from .trackers import TRACKER_RUN, hyperparameters, scalars
 from .validation import validation_metrics
@@ -155,6 +158,9 @@ def _train(cfg: TrainConfig, run_dir: Path, resume: bool, on_step_end, show_prog
 TRAINING_FILES = ("config", "train_log", "checkpoints", "adapter", "summary")  # `RunFolder` names a run's training owns
 
 
+RESUME_FREE = ("retrofit", "device", "shard")  # where the run computes, not what it trains (retrofit: compared resolved)
+
+
 def check_identity(cfg: TrainConfig, files: RunFolder, resume: bool, overwrite: bool, remove: bool = True) -> None:
     """Refuse to train over another run (unless `overwrite`: its training files are removed), and to resume a
     run with settings that contradict its own config.yaml."""
@@ -165,7 +171,7 @@ def check_identity(cfg: TrainConfig, files: RunFolder, resume: bool, overwrite: 
         recorded = dataclasses.replace(recorded, dtype=resolve_dtype_name(recorded.dtype))
         diffs = [f"{f.name}: the run's {getattr(recorded, f.name)!r}, asked {getattr(cfg, f.name)!r}"
                  for f in dataclasses.fields(TrainConfig)
-                 if f.name != "retrofit" and getattr(recorded, f.name) != getattr(cfg, f.name)]
+                 if f.name not in RESUME_FREE and getattr(recorded, f.name) != getattr(cfg, f.name)]
         if recorded.resolved_retrofit() != cfg.resolved_retrofit():
             diffs.append(f"retrofit: the run's {recorded.resolved_retrofit()}, asked {cfg.resolved_retrofit()}")
         if diffs:
@@ -217,10 +223,19 @@ def open_training(cfg: TrainConfig, run_dir: Path, resume: bool, show_progress: 
                   overwrite: bool = False) -> TrainingRun:
     """Check the config, load the backbone and data, build the model, objective and optimizer (restored from
     the last checkpoint on `resume`), and write config.yaml and splits.json."""
-    # cpu=True when there is no GPU: under torchrun this gives gloo data-parallel on CPU processes.
-    accelerator = Accelerator(gradient_accumulation_steps=cfg.grad_accum, cpu=not torch.cuda.is_available(),
+    # cpu=True on the CPU: under torchrun this gives gloo data-parallel on CPU processes; on CUDA each process
+    # takes its local rank's GPU (one process: the one --device names).
+    check_launch()
+    device = training_device(cfg.device)
+    accelerator = Accelerator(gradient_accumulation_steps=cfg.grad_accum, cpu=device.type == "cpu",
                               log_with=cfg.report_to, project_dir=run_dir if cfg.report_to else None)
     cfg.validate(world_size=accelerator.num_processes)
+    if cfg.shard and accelerator.num_processes < 2:
+        raise ReskipError("--shard splits the backbone over several processes: launch with torchrun --nproc_per_node N "
+                          "or accelerate launch --multi_gpu --num_processes N")
+    if cfg.shard and cfg.retrofit_config().inner_lora:
+        raise ReskipError("--shard keeps the decoder layers frozen and sharded: it does not train a LoRA inside them "
+                          "(inner_lora)")
     # config.yaml, the adapter and a resumed run keep the dtype 'auto' resolved to on this hardware
     asked, cfg = cfg.dtype, dataclasses.replace(cfg, dtype=resolve_dtype_name(cfg.dtype, accelerator.device))
     files = RunFolder(run_dir)
@@ -231,7 +246,11 @@ def open_training(cfg: TrainConfig, run_dir: Path, resume: bool, show_progress: 
     if accelerator.is_main_process and show_progress:
         print(f"[train] {cfg.steps} steps x {cfg.batch_size} x {cfg.seq_len} tokens, backbone in {describe(asked)}",
               flush=True)
-    base, tokenizer = load_backbone(cfg.model, cfg.dtype, cfg.trust_remote_code)
+    # sharded: loaded on the host, then each layer's shard goes to this process's device
+    base, tokenizer = load_backbone(cfg.model, cfg.dtype, cfg.trust_remote_code,
+                                    "cpu" if cfg.shard else accelerator.device)
+    if cfg.shard:
+        shard_backbone(base, accelerator.device)
     model = retrofit(base, cfg.retrofit_config(), seed=cfg.seed)
     train_data, val_data = prepare_data(cfg, tokenizer, splits)
     optimizer = torch.optim.AdamW(parameter_groups(model, cfg), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -245,7 +264,11 @@ def open_training(cfg: TrainConfig, run_dir: Path, resume: bool, show_progress: 
         if not 0 < start <= cfg.steps:
             raise ReskipError(f"{ckpt} is at step {start}, outside this run's 1..{cfg.steps}: it is not this run's "
                               "checkpoint; train into another --out")
-    objective, optimizer = accelerator.prepare(RetrofitObjective.of(model, cfg), optimizer)
+    objective = RetrofitObjective.of(model, cfg)
+    if cfg.shard:  # no DDP around sharded layers: the side-channel's gradients are averaged by `average_gradients`
+        optimizer = accelerator.prepare(optimizer)
+    else:
+        objective, optimizer = accelerator.prepare(objective, optimizer)
     if accelerator.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(files.config, cfg.to_yaml())
@@ -260,6 +283,19 @@ def open_training(cfg: TrainConfig, run_dir: Path, resume: bool, show_progress: 
     return TrainingRun(cfg, accelerator, model, objective, optimizer, train_data, val_data, files, start, tokens_seen)
 
 
+def training_device(name: str) -> torch.device:
+    """The device --device names for this training process, before the engine starts: under a launcher each process
+    takes its local rank's GPU, so a numbered GPU is refused there; one process on cuda:N makes it the current one."""
+    device = resolve_device(name)
+    if device.type == "cuda" and device.index is not None:
+        if launched_processes() > 1:
+            raise ReskipError(f"--device {name}: under torchrun or accelerate launch each process takes its own GPU "
+                              "(its local rank); pass --device cuda (or auto) and choose the GPUs with "
+                              "CUDA_VISIBLE_DEVICES")
+        torch.cuda.set_device(device)
+    return device
+
+
 def validations_after(step: int, cfg: TrainConfig) -> int:
     """The validations training still runs after `step`: every eval_every steps, and at the last."""
     return len({s for s in range(step + 1, cfg.steps + 1) if s % cfg.eval_every == 0} | ({cfg.steps} - {step}))
@@ -268,7 +304,7 @@ def validations_after(step: int, cfg: TrainConfig) -> int:
 def validate(run: TrainingRun, show: bool = False) -> float:
     """One validation record at the run's step (main process only), with its own progress; returns its seconds."""
     cfg, model, step = run.cfg, run.model, run.step
-    if not run.main:
+    if not run.main and not cfg.shard:  # sharded layers run only when every process runs them
         return 0.0
     t0 = time.time()
     model.set_curriculum(curriculum(step, cfg.steps, cfg.hold_frac, cfg.ramp_end_frac))
@@ -301,13 +337,15 @@ def optimizer_step(run: TrainingRun, bar: Progress) -> dict:
     idx = [(step * cfg.batch_size + j) % len(run.train_data) for j in range(cfg.batch_size)]
     ids, labels = run.train_data.input_ids[idx], run.train_data.labels[idx]
     positions = skipped_positions(step, cfg.seed, tuple(ids.shape), cfg.skip_fraction)
-    n_targets = int((labels[:, 1:] != -100).sum())
+    n_targets = int((labels[:, 1:] != -100).sum())  # counted on the host, before the batch moves
+    ids, labels = ids.to(acc.device), labels.to(acc.device)
+    positions = None if positions is None else positions.to(acc.device)
     # Each micro-batch contributes sum / global count; DDP averages over processes and
     # accelerate divides by grad_accum, hence the factor world * grad_accum.
     target_scale = world * cfg.grad_accum / max(n_targets, 1)
     position_scale = world * cfg.grad_accum / ids.numel()
     micro = cfg.batch_size // (world * cfg.grad_accum)
-    totals = torch.zeros(6)
+    totals = torch.zeros(6, device=acc.device)
     for m in range(cfg.grad_accum):
         lo = (m * world + rank) * micro
         with acc.accumulate(run.objective):
@@ -323,6 +361,8 @@ def optimizer_step(run: TrainingRun, bar: Progress) -> dict:
                     f"stopped. Last good checkpoint: {last or 'none'}. Lower --lr or --lambda-kl and resume."
                 )
             acc.backward(terms["loss"])
+            if acc.sync_gradients and cfg.shard:
+                average_gradients(run.model.trainable_parameters())
             if acc.sync_gradients:
                 acc.clip_grad_norm_(run.model.trainable_parameters(), cfg.clip_norm)
             run.optimizer.step()
@@ -344,8 +384,9 @@ def finish(run: TrainingRun, wall_s: float) -> dict:
     if run.main:
         model.set_curriculum(1.0 if cfg.steps else 0.0)
         summary = summarize(run.files.train_log, wall_s=wall_s)
+        summary["device"] = device_name(run.accelerator.device)
         # What the adapter's model card tells (`ar_retrofit.model_card`), kept with it in adapter_config.json.
-        card = {"model": cfg.model or DEFAULT_BACKBONE, "dtype": cfg.dtype,
+        card = {"model": cfg.model or DEFAULT_BACKBONE, "dtype": cfg.dtype, "device": summary["device"],
                 "training": {"data": list(cfg.data), "data_weights": cfg.data_weights, "steps": cfg.steps,
                              "batch_size": cfg.batch_size, "seq_len": cfg.seq_len, "lr": cfg.lr},
                 "measured": {"ppl_backbone": summary["ppl_backbone"], "ppl_start": summary["ppl_full"]["start"],

@@ -103,12 +103,12 @@ class RetrofitObjective(nn.Module):
         ce, kl = ce * target_scale, kl * position_scale
         ent = entropy_sum(full.alphas) * position_scale
         loss = ce + self.lambda_kl * kl - self.lambda_ent * ent
-        sig = torch.zeros(())
+        sig = torch.zeros((), device=loss.device)
         if want_signal:
             valid = next_token_targets(labels) != -100  # (B, T): positions with a target
             sig = pearson(full.alphas[skip_block][..., -1][valid], cost[valid])
             loss = loss + self.lambda_signal * sig
-        local = torch.zeros(())
+        local = torch.zeros((), device=loss.device)
         if self.lambda_local > 0 and rm.side_channel.shortcuts:  # None, or empty with no middle block
             local = local_regression(rm, cap)
             loss = loss + self.lambda_local * local

@@ -8,8 +8,13 @@ identity, so a single-process run computes exactly what it did before."""
 
 from __future__ import annotations
 
+import os
+import re
+
 import torch
 import torch.distributed as dist
+
+from ..errors import ReskipError
 
 
 def world_size() -> int:
@@ -45,3 +50,42 @@ def global_sum(t: torch.Tensor, differentiable: bool = False) -> torch.Tensor:
     t = t.detach().clone()
     dist.all_reduce(t)
     return t
+
+
+def launched_processes() -> int:
+    """The processes a launcher (torchrun, `accelerate launch --multi_gpu`) started for this job, from its
+    environment, before any process group exists; 1 without a launcher."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def asked_processes(parent_command: list[str]) -> int:
+    """The processes an `accelerate launch` command line (`accelerate launch`, `python -m
+    accelerate.commands.launch`) asked for (`--num_processes N`, `--num_processes=N`), 1 when it names none or is
+    not one."""
+    launcher = "accelerate.commands.launch" in parent_command or (
+        "launch" in parent_command and any(a.endswith("accelerate") for a in parent_command))
+    if not launcher:
+        return 1
+    text = " ".join(parent_command)
+    found = re.search(r"--num[_-]processes(?:=|\s+)(\d+)", text)
+    return int(found.group(1)) if found else 1
+
+
+def check_launch() -> None:
+    """Refuse a launch that started fewer processes than it was asked for: `accelerate launch --cpu
+    --num_processes N` runs one process through its simple launcher (no process group, no word from accelerate),
+    so a user would train alone believing N processes share the batch."""
+    if launched_processes() > 1:
+        return
+    try:
+        import psutil  # lazy: accelerate's own dependency, only read here
+
+        parent = psutil.Process().parent()
+        command = parent.cmdline() if parent is not None else []
+    except Exception:  # the parent is gone or unreadable: nothing to check against
+        return
+    asked = asked_processes(command)
+    if asked > 1:
+        raise ReskipError(f"accelerate launch was asked for {asked} processes but started one (with --cpu it runs a "
+                          f"single process); use `accelerate launch --multi_gpu --num_processes {asked}` (it also "
+                          f"starts CPU processes) or `torchrun --nproc_per_node {asked}`")

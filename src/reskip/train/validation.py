@@ -7,6 +7,7 @@ from typing import Callable
 
 import torch
 
+from ..backbones.devices import model_device
 from ..compat import output_head
 from ..data.packing import Packed
 from ..losses import ce_sum, entropy_per_block, head_logits, kl_sum, teacher_targets
@@ -37,7 +38,7 @@ def validation_metrics(model: ReskipModel, data: Packed, batch_size: int = 4, sk
     head = output_head(model.base_model)
     was_training = model.training
     model.eval()
-    for i, (ids, labels) in zip(range(0, len(data), batch_size), data.batches(batch_size)):
+    for i, (ids, labels) in zip(range(0, len(data), batch_size), data.batches(batch_size, model_device(model))):
         if (i, batch_size) not in cache:
             with model.side_channel_disabled():
                 cache[(i, batch_size)] = model(input_ids=ids, use_cache=False, hidden_only=True).last_hidden_state
