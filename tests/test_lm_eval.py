@@ -67,12 +67,12 @@ def test_reskip_lm_in_process_skips_blocks(adapter_with_policy):
     assert lm.skipped_per_step and max(lm.skipped_per_step) >= 1  # ReSkip really ran inside the harness
 
 
-def _harness_cli(command: list[str], tmp, policy: str):
+def _harness_cli(command: list[str], tmp, policy: str, extra: tuple[str, ...] = ()):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     proc = subprocess.run(
         [*command, "--model", "reskip", "--model_args", f"adapter={tmp / 'adapter'},policy={policy}",
          "--tasks", "reskip_mmlu_tiny", "--include_path", str(tmp / "tasks"), "--batch_size", "2",
-         "--output_path", str(tmp / "out")],
+         "--output_path", str(tmp / "out"), *extra],
         env=env, capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -88,5 +88,7 @@ def test_reskip_lm_eval_command(adapter_with_policy):
 
 
 def test_reskip_lm_eval_module(adapter_with_policy):
-    """The same through `python -m` (where console scripts are not on PATH), with a static policy."""
-    _harness_cli([sys.executable, "-m", "reskip.evaluate.lm_eval_model"], adapter_with_policy, "static:1")
+    """The same through `python -m` (where console scripts are not on PATH), with a static policy and the harness's
+    own --device (the model placed there by reskip)."""
+    _harness_cli([sys.executable, "-m", "reskip.evaluate.lm_eval_model"], adapter_with_policy, "static:1",
+                 ("--device", "cpu"))

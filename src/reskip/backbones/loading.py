@@ -203,8 +203,9 @@ def load_backbone(name: str | None = None, dtype: str | torch.dtype = "auto", tr
     if gguf is not None:
         kwargs["gguf_file"] = gguf
     tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-    # on a GPU the weights load straight onto it (no full copy in host memory first)
-    placement = {"device_map": {"": str(device)}} if device.type == "cuda" else {}
+    # on a GPU the weights load straight onto it (no full copy in host memory first); a GGUF file is dequantized
+    # on the host by transformers' own path, then moved
+    placement = {"device_map": {"": str(device)}} if device.type == "cuda" and gguf is None else {}
     model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs, **placement)
     if getattr(model, "hf_quantizer", None) is not None:
         model.hf_quantizer = None

@@ -26,10 +26,12 @@ from ..skip.spec import parse_spec
 @register_model("reskip")
 class ReskipLM(HFLM):
     def __init__(self, adapter: str, policy: str = "reskip", model: str | None = None, window: int | None = None,
-                 dtype: str = "auto", seed: int = 0, **kwargs):
-        # The harness hands model_args over as strings: this is where they become objects.
+                 dtype: str = "auto", seed: int = 0, device: str | None = None, **kwargs):
+        # The harness hands model_args over as strings: this is where they become objects. Its --device (None
+        # when not given: reskip's auto) places the model; the harness then computes where the model is.
         opened = open_run(adapter, [parse_spec(policy, allow_path=True)], model=model, dtype=dtype,
-                          window=int(window) if window else None, seed=int(seed), dense_fallback=True)
+                          device=device or "auto", window=int(window) if window else None, seed=int(seed),
+                          dense_fallback=True)
         self.reskip_model = opened.model
         self.skip_policy = opened.policy()
         self.skip_window = opened.window
