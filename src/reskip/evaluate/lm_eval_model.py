@@ -14,6 +14,7 @@ reskip adds no .pth file.
 
 from __future__ import annotations
 
+import torch
 from lm_eval.__main__ import cli_evaluate
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM  # imports the harness's model table first: a registry
@@ -27,8 +28,11 @@ from ..skip.spec import parse_spec
 class ReskipLM(HFLM):
     def __init__(self, adapter: str, policy: str = "reskip", model: str | None = None, window: int | None = None,
                  dtype: str = "auto", seed: int = 0, device: str | None = None, **kwargs):
-        # The harness hands model_args over as strings: this is where they become objects. Its --device (None
-        # when not given: reskip's auto) places the model; the harness then computes where the model is.
+        # The harness hands model_args over as strings: this is where they become objects. Its --device places the
+        # model (the harness then computes where the model is); its default is cuda:0, which it drops itself for
+        # the CPU where torch sees no GPU, and so does this.
+        if device and device.startswith("cuda") and not torch.cuda.is_available():
+            device = None
         opened = open_run(adapter, [parse_spec(policy, allow_path=True)], model=model, dtype=dtype,
                           device=device or "auto", window=int(window) if window else None, seed=int(seed),
                           dense_fallback=True)
