@@ -169,8 +169,7 @@ def block_input(t: BlockTensors, sources: torch.Tensor, hidden: torch.Tensor, in
     # h_{n-1} in float32: in float32 `hidden` is the very tensor stacked last in `sources`;
     # otherwise that stacked entry is its exact float32 copy (no new cast).
     h = hidden if hidden.dtype == torch.float32 else sources[..., -1, :]
-    # r_n = sum_i alpha_i h_i as one batched product, (B, T, 1, n) @ (B, T, n, d): no (B, T, n, d) temporary
-    u = (alpha.transpose(-1, -2) @ sources).squeeze(-2) - h  # r_n - h_{n-1}, (B, T, d)
+    u = (alpha * sources).sum(dim=-2) - h  # r_n - h_{n-1}, (B, T, d)
     if t.variant == "interpolate":  # (1 - gamma) h + gamma r = h + gamma (r - h)
         delta = t.gamma * u
     else:
