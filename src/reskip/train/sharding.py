@@ -15,17 +15,22 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
-from torch.distributed.tensor import DTensor
 
 from .. import compat
+from ..errors import ReskipError
 from ..ar_retrofit.adapter_io import WHOLE_WEIGHTS_DIGEST, weights_digest
 
 
 def shard_backbone(base_model: torch.nn.Module, device: torch.device) -> int:
     """Shard every decoder layer of `base_model` (loaded on the host) over the process group onto `device`, and
     move the rest of it there whole; returns the number of sharded layers."""
+    # FSDP2's public names need torch 2.6; the package runs on older torch without --shard
+    try:
+        from torch.distributed.device_mesh import init_device_mesh  # lazy: torch >= 2.6 only under --shard
+        from torch.distributed.fsdp import fully_shard  # lazy: torch >= 2.6 only under --shard
+        from torch.distributed.tensor import DTensor  # lazy: torch >= 2.6 only under --shard
+    except ImportError as e:
+        raise ReskipError(f"--shard needs torch >= 2.6 (FSDP2's fully_shard); this is torch {torch.__version__}") from e
     # the adapter and its checkpoints name the backbone by a digest of its weights: taken now, while they are whole
     setattr(base_model, WHOLE_WEIGHTS_DIGEST, weights_digest(base_model))
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
@@ -41,10 +46,6 @@ def shard_backbone(base_model: torch.nn.Module, device: torch.device) -> int:
                 if t is not None and not isinstance(t, DTensor) and t.device != device:
                     t.data = t.data.to(device)
     return len(layers)
-
-
-def is_sharded(model: torch.nn.Module) -> bool:
-    return any(isinstance(m, FSDPModule) for m in model.modules())
 
 
 def average_gradients(params: list[torch.Tensor]) -> None:
