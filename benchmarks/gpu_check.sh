@@ -92,7 +92,7 @@ from pathlib import Path
 out = Path(sys.argv[1])
 items = {n: json.loads((out / f"{n}.json").read_text()) for n in ("environment", "cuda_tests", "train", "speed")}
 train, speed = items["train"]["result"] or {}, items["speed"]["result"] or {}
-prefill = next((v for k, v in speed.items() if k.startswith("prefill_")), {})
+prefill = next((v for k, v in speed.items() if k.startswith("prefill_") and isinstance(v, dict)), {})
 targets = {
     "cuda_tests_pass": (items["cuda_tests"]["result"] or {}).get("failed", 1) == 0
                        and (items["cuda_tests"]["result"] or {}).get("passed", 0) > 0,
