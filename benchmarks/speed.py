@@ -169,6 +169,8 @@ def main(argv=None):
     ap.add_argument("--decode-steps", type=int, default=32)
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--compile-side-channel", action="store_true",
+                    help="torch.compile the side-channel's function (block_input) before timing")
     ap.add_argument("--prefill-repeats", type=int, default=None,
                     help="prefills per method, interleaved (default: --repeats); one prefill is short, so its "
                          "paired overhead needs more of them (20: within about 1%%)")
@@ -180,6 +182,10 @@ def main(argv=None):
 
 
 def run(args):
+    if args.compile_side_channel:  # a screen: the side-channel's function compiled (dynamic length), the rest eager
+        import reskip.ar_retrofit.depth_pass as depth_pass
+
+        depth_pass.block_input = torch.compile(depth_pass.block_input, dynamic=True)
     dtype_name = resolve_dtype_name(args.dtype, args.device)
     dtype = getattr(torch, dtype_name)
     base32 = None
