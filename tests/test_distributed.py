@@ -187,7 +187,6 @@ def test_sharded_training_is_the_data_parallel_training_and_resumes_exactly(tmp_
     sharded = load_file(tmp_path / "sharded" / "adapter" / WEIGHTS_NAME)
     assert dp.keys() == sharded.keys()
     worst = max((dp[k] - sharded[k]).abs().max().item() for k in dp)
-    assert 0 < worst or all(torch.equal(dp[k], sharded[k]) for k in dp)
     assert worst <= 1e-5, worst
     # stop after step 2: the run as it stood then (its step-2 checkpoint, the log up to it), then resume
     import shutil

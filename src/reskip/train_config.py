@@ -51,6 +51,7 @@ REAL_FIELDS = ("lr", "router_lr_mult", "source_bias_lr_mult", "weight_decay", "w
 # `retrofit(model)` keeps): a skipped block goes through a learned shortcut.
 RECIPE_RETROFIT = {"skip_path": "shortcut"}
 REPORT_TO = (None, "tensorboard")
+PLACEMENT_FIELDS = ("device", "shard")  # where a run computes, not what it trains
 SKIP_TEACHERS = ("backbone", "full")
 INT_FIELDS = ("seq_len", "steps", "batch_size", "grad_accum", "eval_every", "eval_sequences", "save_every",
               "log_every", "seed", "skip_max_blocks")
@@ -210,6 +211,11 @@ class TrainConfig:
 
     def to_dict(self) -> dict:
         return {**dataclasses.asdict(self), "retrofit": self.resolved_retrofit()}  # config.yaml says which skip path
+
+    def what_it_trains(self) -> dict:
+        """`to_dict` without the fields that say where a run computes (`PLACEMENT_FIELDS`): two configs equal here
+        train the same run, so one may resume or reuse the other's on another device or sharding."""
+        return {k: v for k, v in self.to_dict().items() if k not in PLACEMENT_FIELDS}
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)

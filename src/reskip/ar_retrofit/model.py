@@ -200,15 +200,16 @@ class ReskipModel(nn.Module):
         w_recent for the blocks the policy reads (every block with `track_all`). A pass that starts
         with an empty cache starts a new sequence (history and trace reset). The policy builds its
         own runtime (`policy.runtime(window, track_all, on_device)`), so the retrofit needs no skip code.
-        on_device: the runtime's windows on the model's device (None: unless that is the CPU)."""
-        if on_device is None:
-            on_device = self.side_channel_device().type != "cpu"
-        with self.stepping(policy.runtime(window, track_all, on_device)) as runtime:
+        on_device: the runtime's windows on the model's device (None: `runtime_on_device`)."""
+        with self.stepping(policy.runtime(window, track_all, self.runtime_on_device(on_device))) as runtime:
             yield runtime
 
-    def side_channel_device(self) -> torch.device:
-        """Where the side-channel (and so the routers' alpha) computes."""
-        return next(self.side_channel.parameters()).device
+    def runtime_on_device(self, asked: bool | None = None) -> bool:
+        """Whether a skip runtime keeps its state where the routers' alpha is: as `asked`, else unless that is the
+        CPU (where a host read costs nothing, so the host runtimes are the cheapest)."""
+        if asked is not None:
+            return asked
+        return next(self.side_channel.parameters()).device.type != "cpu"
 
     @contextlib.contextmanager
     def stepping(self, runtime):

@@ -104,7 +104,7 @@ def train_lora(cfg: TrainConfig, arm: LoraArm, run_dir: Path, show_progress: boo
     text = arm_config_text(cfg, arm)
     if files.config.is_file():
         old_cfg, old_arm = read_arm(files.root)  # compared as configs: a field added since reads as its default
-        if {**old_cfg.to_dict(), "device": None} != {**cfg.to_dict(), "device": None} or old_arm != arm:
+        if old_cfg.what_it_trains() != cfg.what_it_trains() or old_arm != arm:
             raise ReskipError(f"{files.root} holds a baseline run of other settings (its config.yaml differs): "
                               "choose another folder or remove it")
         if files.summary.is_file() and (files.adapter / "adapter_model.safetensors").is_file():

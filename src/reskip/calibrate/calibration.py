@@ -85,13 +85,13 @@ class BlockSums:
 @torch.no_grad()
 def measure_blocks(model: ReskipModel, data: Packed, window: int, batch_size: int, progress=None) -> BlockSums:
     """One full pass per batch, and one replayed pass per block with that block as identity."""
-    n_blocks = model.n_blocks
+    n_blocks, device = model.n_blocks, model_device(model)
     m = BlockSums(0.0, 0, 0, {k: 0.0 for k in range(1, n_blocks + 1)},
-                  {n: torch.zeros(n, device=model_device(model)) for n in range(2, n_blocks + 1)}, {k: 0.0 for k in range(1, n_blocks + 1)},
+                  {n: torch.zeros(n, device=device) for n in range(2, n_blocks + 1)}, {k: 0.0 for k in range(1, n_blocks + 1)},
                   {n: [] for n in range(2, n_blocks + 1)}, {n: [] for n in range(2, n_blocks + 1)})
     was_training = model.training
     model.eval()
-    for i, (ids, labels) in zip(range(0, len(data), batch_size), data.batches(batch_size, model_device(model))):
+    for i, (ids, labels) in zip(range(0, len(data), batch_size), data.batches(batch_size, device)):
         with model.capturing() as captured:
             full = model(input_ids=ids, use_cache=False, output_alphas=True)
             cap = captured()

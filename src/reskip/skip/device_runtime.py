@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from .runtime import Decider, StepTrace
+from .runtime import Decider, StepTrace, Tracking
 
 
 class DeviceWindows:
@@ -64,8 +64,13 @@ class DeviceWindows:
         return torch.where(k > 0, total / k.clamp_min(1), 0.0)
 
 
+def _mask_for(valid: torch.Tensor | None, alpha: torch.Tensor) -> torch.Tensor | None:
+    """The step's (B, T) mask of real tokens when it is this alpha's (B, T, n) step's, else None (all real)."""
+    return valid if valid is not None and valid.shape == alpha.shape[:2] else None
+
+
 class _Pending:
-    """A trace's values still on the device: (step trace, block, 0-dim w) and (step trace, block, skip flag)."""
+    """A trace's w_recent values still on the device: (step trace, block, 0-dim w), read together."""
 
     def __init__(self):
         self.w: list[tuple[StepTrace, int, torch.Tensor]] = []
@@ -78,15 +83,13 @@ class _Pending:
             self.w = []
 
 
-class DeviceSkipRuntime:
+class DeviceSkipRuntime(Tracking):
     """`runtime.SkipRuntime`'s decisions (one for the batch), its windows on the device."""
 
     def __init__(self, policy: Decider, window: int, track_all: bool = False):
-        self.policy = policy
-        self.window = window
-        self.track_all = track_all
+        super().__init__(policy, window, track_all)
         self.windows = DeviceWindows(window)
-        self.tracked: dict[int, bool] = {}
+        self._reads_now = getattr(policy, "reads_now", None)  # a `Decider` need not say: then every value is read
         self._trace: list[StepTrace] = []
         self._pending = _Pending()
         self.position = 0
@@ -103,11 +106,6 @@ class DeviceSkipRuntime:
         self.position, self._trace, self._pending = 0, [], _Pending()
         self._new_sequence()
 
-    def _new_sequence(self) -> None:
-        hook = getattr(self.policy, "new_sequence", None)
-        if hook is not None:
-            hook()
-
     def set_step_mask(self, valid: torch.Tensor | None, new_sequence: bool) -> None:
         if new_sequence:
             self.reset()
@@ -120,17 +118,11 @@ class DeviceSkipRuntime:
     def decide(self, n: int, alpha: torch.Tensor | None) -> bool:
         current = self._trace[-1]
         w = None
-        if alpha is not None:
-            tracked = self.tracked.get(n)
-            if tracked is None:
-                tracked = self.tracked[n] = self.track_all or self.policy.reads_signal(n)
-            if tracked:
-                valid = self.valid if self.valid is not None and self.valid.shape == alpha.shape[:2] else None
-                w = DeviceWindows.batch_mean(*self.windows.update(n, alpha, valid))
+        if alpha is not None and self.is_tracked(n):
+            w = DeviceWindows.batch_mean(*self.windows.update(n, alpha, _mask_for(self.valid, alpha)))
         value = float("nan")
         if w is not None:
-            reads = getattr(self.policy, "reads_now", None)
-            if reads is None or reads(n, len(current.skipped), current.step):
+            if self._reads_now is None or self._reads_now(n, len(current.skipped), current.step):
                 value = current.w_recent[n] = float(w)  # the one read: Python branches on it
             else:
                 current.w_recent[n] = None  # its place in the block order; the value is read with the trace
@@ -144,18 +136,16 @@ class DeviceSkipRuntime:
         return [len(t.skipped) for t in self.trace]
 
 
-class DeviceRowsRuntime:
+class DeviceRowsRuntime(Tracking):
     """`runtime.RowsRuntime`'s decisions (each row its own), as (B,) masks on the device: the block always runs and
     is the identity on the rows that skip it (`DepthPass` takes a tensor decision as the rows' mask)."""
 
     def __init__(self, policy: Decider, window: int, batch: int, track_all: bool = False):
         if not getattr(policy, "pure", False) or not hasattr(policy, "skip_rows"):
             raise ValueError(f"{type(policy).__name__} cannot decide every row of a batch on the device")
-        self.policy = policy
-        self.track_all = track_all
+        super().__init__(policy, window, track_all)
         self.batch = batch
         self.windows = DeviceWindows(window)
-        self.tracked: dict[int, bool] = {}
         self.valid: torch.Tensor | None = None
         self.skipped: int | torch.Tensor = 0  # blocks each row skipped this step: one count, or (B,) once rows differ
         self.steps: list[tuple[int, int, dict, dict]] = []  # (start, length, {n: (B,) mask}, {n: (B,) w})
@@ -201,12 +191,8 @@ class DeviceRowsRuntime:
         if alpha is not None:
             if alpha.shape[0] != self.batch:
                 raise ValueError(f"a batch of {alpha.shape[0]} rows for a runtime of {self.batch}")
-            tracked = self.tracked.get(n)
-            if tracked is None:
-                tracked = self.tracked[n] = self.track_all or self.policy.reads_signal(n)
-            if tracked:
-                valid = self.valid if self.valid is not None and self.valid.shape == alpha.shape[:2] else None
-                w, _ = self.windows.update(n, alpha, valid)  # (B,): each row's own w_recent
+            if self.is_tracked(n):
+                w, _ = self.windows.update(n, alpha, _mask_for(self.valid, alpha))  # (B,): each row's own w_recent
                 ws[n] = w
         decision = self.policy.skip_rows(n, w, self.skipped, len(self.steps) - 1)
         if decision is False:

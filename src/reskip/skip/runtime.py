@@ -44,7 +44,31 @@ class StepTrace:
 _WHOLE_TRANSFER = 1024  # up to this many alpha values, copy them all rather than slice first
 
 
-class SkipRuntime:
+class Tracking:
+    """What every runtime keeps of its policy: which blocks' signal it tracks (the ones the policy reads, or every
+    one with `track_all`), asked once per block, and the policy's hook at each new sequence."""
+
+    def __init__(self, policy: Decider, window: int, track_all: bool = False):
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        self.policy = policy
+        self.window = window
+        self.track_all = track_all
+        self.tracked: dict[int, bool] = {}  # n -> whether block n's signal is kept
+
+    def is_tracked(self, n: int) -> bool:
+        tracked = self.tracked.get(n)
+        if tracked is None:
+            tracked = self.tracked[n] = self.track_all or self.policy.reads_signal(n)
+        return tracked
+
+    def _new_sequence(self) -> None:
+        hook = getattr(self.policy, "new_sequence", None)  # a `Decider` need not have one
+        if hook is not None:
+            hook()
+
+
+class SkipRuntime(Tracking):
     """Per-sequence state of a policy: alpha history per block, the step counter, the trace.
 
     The decision is taken on the host before a block runs, so each router's alpha_{n-1 -> n}
@@ -56,12 +80,7 @@ class SkipRuntime:
     """
 
     def __init__(self, policy: Decider, window: int, track_all: bool = False):
-        if window < 1:
-            raise ValueError(f"window must be >= 1, got {window}")
-        self.policy = policy
-        self.window = window
-        self.track_all = track_all
-        self.tracked: dict[int, bool] = {}  # n -> whether block n's signal is kept
+        super().__init__(policy, window, track_all)
         self.trace: list[StepTrace] = []
         self.history: dict[int, list[deque]] = {}  # n -> per row, its W most recent real values
         self.position = 0
@@ -72,11 +91,6 @@ class SkipRuntime:
     def reset(self) -> None:
         self.history, self.position, self.trace = {}, 0, []
         self._new_sequence()
-
-    def _new_sequence(self) -> None:
-        hook = getattr(self.policy, "new_sequence", None)  # a `Decider` need not have one
-        if hook is not None:
-            hook()
 
     def set_step_mask(self, valid: torch.Tensor | None, new_sequence: bool) -> None:
         """Called before each forward with the step's (B, T) mask of real tokens (None: all real)."""
@@ -96,13 +110,9 @@ class SkipRuntime:
         has no router); the policy reads alpha_{n-1 -> n}, the last column."""
         current = self.trace[-1]
         w = float("nan")
-        if alpha is not None:
-            tracked = self.tracked.get(n)
-            if tracked is None:
-                tracked = self.tracked[n] = self.track_all or self.policy.reads_signal(n)
-            if tracked:
-                w = self._update(n, alpha)
-                current.w_recent[n] = w
+        if alpha is not None and self.is_tracked(n):
+            w = self._update(n, alpha)
+            current.w_recent[n] = w
         if self.policy.skip(n, w, len(current.skipped), current.step):
             current.skipped.append(n)
             return True

@@ -134,9 +134,7 @@ def score_rows(model: ReskipModel, input_ids, policy: SkipPolicy, window: int, c
     loop, every block runs; None: unless the model is on the CPU, where a host read costs nothing and a block
     every row skips is left out)."""
     input_ids = on_model(model, input_ids)
-    if on_device is None:
-        on_device = model.side_channel_device().type != "cpu"
-    kind = DeviceRowsRuntime if on_device else RowsRuntime
+    kind = DeviceRowsRuntime if model.runtime_on_device(on_device) else RowsRuntime
     runtime = kind(policy, window, input_ids.shape[0])
     with model.stepping(runtime):
         return _steps(model, input_ids, chunk_size), runtime.traces

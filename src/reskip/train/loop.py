@@ -158,9 +158,6 @@ def _train(cfg: TrainConfig, run_dir: Path, resume: bool, on_step_end, show_prog
 TRAINING_FILES = ("config", "train_log", "checkpoints", "adapter", "summary")  # `RunFolder` names a run's training owns
 
 
-RESUME_FREE = ("retrofit", "device", "shard")  # where the run computes, not what it trains (retrofit: compared resolved)
-
-
 def check_identity(cfg: TrainConfig, files: RunFolder, resume: bool, overwrite: bool, remove: bool = True) -> None:
     """Refuse to train over another run (unless `overwrite`: its training files are removed), and to resume a
     run with settings that contradict its own config.yaml."""
@@ -169,11 +166,8 @@ def check_identity(cfg: TrainConfig, files: RunFolder, resume: bool, overwrite: 
             raise ReskipError(f"{files.root} is not a training run folder (no config.yaml): nothing to resume")
         recorded = TrainConfig.from_file(files.config)
         recorded = dataclasses.replace(recorded, dtype=resolve_dtype_name(recorded.dtype))
-        diffs = [f"{f.name}: the run's {getattr(recorded, f.name)!r}, asked {getattr(cfg, f.name)!r}"
-                 for f in dataclasses.fields(TrainConfig)
-                 if f.name not in RESUME_FREE and getattr(recorded, f.name) != getattr(cfg, f.name)]
-        if recorded.resolved_retrofit() != cfg.resolved_retrofit():
-            diffs.append(f"retrofit: the run's {recorded.resolved_retrofit()}, asked {cfg.resolved_retrofit()}")
+        ours, asked = recorded.what_it_trains(), cfg.what_it_trains()  # the retrofit keys compared resolved
+        diffs = [f"{k}: the run's {ours[k]!r}, asked {asked[k]!r}" for k in ours if ours[k] != asked[k]]
         if diffs:
             raise ReskipError(f"--resume {files.root} keeps the run's own settings, and these differ: "
                               + "; ".join(diffs) + ". Drop those flags, or train into another --out")
