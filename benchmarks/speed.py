@@ -13,6 +13,7 @@ that alternate between the two (the least drift). One JSON line, with the target
     python benchmarks/speed.py --random-config Qwen3-4B --dtype bfloat16 --device cuda  # GPU check
     python benchmarks/speed.py --adapter RUN --dtype float32  # the float32 figures alone
     python benchmarks/speed.py --adapter RUN --batches 8 --repeats 3 --prefill-repeats 20  # the prefill overhead
+    python benchmarks/speed.py --adapter RUN --per-step 1,2 --prefill-repeats 20  # what one and two skipped blocks save
 Where the dtype (`--dtype auto` by default) is not float32, a float32 copy of the backbone is timed beside the
 others (`backbone_float32`), so the dtype's gain is a ratio measured in the same run.
 Targets: the side-channel costs at most 3% when nothing is skipped (retrofit vs backbone);
@@ -169,12 +170,23 @@ def main(argv=None):
     ap.add_argument("--decode-steps", type=int, default=32)
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--per-step", default=None, metavar="K[,K...]",
+                    help="instead of --policy and its matched static: static:K and ReSkip at K blocks per step "
+                         "(reskip:budget=K of the run's frontier; random weights: the fixed-quantile ReSkip at K) "
+                         "for each K, every one against the bare backbone, measured and FLOP-ideal")
     ap.add_argument("--compile-side-channel", action="store_true",
                     help="torch.compile the side-channel's function (block_input) before timing")
     ap.add_argument("--prefill-repeats", type=int, default=None,
                     help="prefills per method, interleaved (default: --repeats); one prefill is short, so its "
                          "paired overhead needs more of them (20: within about 1%%)")
     args = ap.parse_args(argv)
+    if args.per_step is not None:
+        try:
+            args.per_step = [int(k) for k in args.per_step.split(",")]
+        except ValueError:
+            ap.error(f"--per-step takes whole block counts separated by commas, got {args.per_step!r}")
+        if min(args.per_step) < 1:
+            ap.error("--per-step: each K is at least 1")
     try:
         run(args)
     except ReskipError as e:
@@ -209,11 +221,15 @@ def run(args):
         skip_policy, window = StaticSkip(blocks, name=f"static-middle:{k}"), 16
         label = f"random {args.random_config}"
         policies = {"static": skip_policy, "reskip": fixed_quantile_reskip(rm, window, args.device)}
+        if args.per_step:
+            policies = per_step_random(rm, window, args.device, args.per_step)
         pf = None
     else:
         opened = open_run(args.adapter, [parse_spec(args.policy, allow_path=True)], dtype=dtype, require_policy=True)
         rm, pf, window = opened.model.to(args.device), opened.policy_file, opened.window
         policies = {"reskip": opened.policy()}
+        if args.per_step:
+            policies = per_step_policies(opened, args.per_step)
         label = str(opened.source.folder)
         if dtype != torch.float32:
             base32 = load_backbone(opened.source.model_name, "float32")[0].to(args.device)
@@ -227,7 +243,7 @@ def run(args):
     for bsz in [int(b) for b in args.batches.split(",")]:
         ids = torch.randint(3, vocab, (bsz, args.prompt_len), generator=g).to(args.device)
         # Measure ReSkip's skips once to set static:k to the same mean (random weights: static:k as given).
-        if "reskip" in policies and pf is not None:
+        if "reskip" in policies and pf is not None and not args.per_step:
             _, mean = decode_run(rm, ids, policies["reskip"], window, args.decode_steps)
             # a fractional mean is matched by a mix of k and k + 1 static blocks across steps
             k = args.static_k if args.static_k is not None else round(mean, 2)
@@ -296,15 +312,36 @@ def run(args):
     print(json.dumps(report))
 
 
-def fixed_quantile_reskip(rm, window: int, device: str, quantile: float = 0.5) -> ReSkip:
-    """Random weights have no calibration: ReSkip at one block per step with each middle block's threshold at the
+def per_step_policies(opened, per_step: list[int]) -> dict:
+    """static_K (the K eligible blocks of lowest ablation cost) and reskip_K (the frontier's point at K blocks
+    per step) for each K: what a skipped block saves, at each depth cut, in one run."""
+    policies = {}
+    for k in per_step:
+        policies[f"static_{k}"] = opened.policy_file.static(k)
+        policies[f"reskip_{k}"] = opened.policy(parse_spec(f"reskip:budget={k}"))
+    return policies
+
+
+def per_step_random(rm, window: int, device: str, per_step: list[int]) -> dict:
+    """Random weights: static-middle:K (blocks 2..K+1) and the fixed-quantile ReSkip allowed K blocks per step."""
+    policies = {}
+    for k in per_step:
+        if not 1 <= k < rm.n_blocks:
+            raise SystemExit(f"--per-step: K must lie in 1..{rm.n_blocks - 1} (this model has {rm.n_blocks} blocks)")
+        policies[f"static_{k}"] = StaticSkip(set(range(2, 2 + k)), name=f"static-middle:{k}")
+        policies[f"reskip_{k}"] = fixed_quantile_reskip(rm, window, device, max_skips=k)
+    return policies
+
+
+def fixed_quantile_reskip(rm, window: int, device: str, quantile: float = 0.5, max_skips: int = 1) -> ReSkip:
+    """Random weights have no calibration: ReSkip at up to `max_skips` blocks per step with each middle block's threshold at the
     `quantile` of its w_recent over a random 64-token text (its cost is what is measured, not its choices)."""
     ids = torch.randint(3, rm.base_model.config.vocab_size, (1, 64), generator=torch.Generator().manual_seed(1))
     middle = set(range(2, rm.n_blocks))
     with torch.no_grad():
         alphas = rm(input_ids=ids.to(device), output_alphas=True).alphas
     tau = {n: float(sliding_mean(alphas[n][..., -1].float(), window).quantile(quantile)) for n in middle}
-    return ReSkip(tau, middle, 1, name=f"reskip-q{quantile:g}")
+    return ReSkip(tau, middle, max_skips, name=f"reskip-q{quantile:g}")
 
 
 def quality_and_speed(results_path, spec_text: str, report: dict) -> str:

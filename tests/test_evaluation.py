@@ -110,6 +110,31 @@ def test_speed_benchmark_on_a_calibrated_run(calibrated_run, capsys):
     assert r["prefill_8"]["tok_s_backbone"] > 0 and math.isfinite(r["prefill_8"]["router_overhead_no_skip"])
 
 
+def _check_per_step(report, ks, prefill_len):
+    """static_K and reskip_K at each K, against the bare backbone, measured and FLOP-ideal, at decode and prefill."""
+    rows = [v for k, v in report.items() if k.startswith("batch_")] + [report[f"prefill_{prefill_len}"]]
+    for row in rows:
+        for k in ks:
+            for m in (f"static_{k}", f"reskip_{k}"):
+                assert row[f"{m}_vs_backbone_ideal"] > 1 or row.get(f"{m}_mean_skipped", row.get(f"{m}_skipped")) == 0
+                assert row[f"{m}_vs_backbone_over_ideal"] == pytest.approx(
+                    row[f"{m}_vs_backbone_measured"] / row[f"{m}_vs_backbone_ideal"])
+        assert not any(k in row for k in ("reskip_vs_backbone_ideal", "static_vs_backbone_ideal"))
+
+
+def test_speed_benchmark_per_step(calibrated_run, capsys):
+    """--per-step K: static:K and the frontier's ReSkip at K blocks per step, each against the backbone, in one run."""
+    argv = ["--adapter", str(calibrated_run), "--repeats", "1", "--decode-steps", "3", "--batches", "1",
+            "--prompt-len", "4", "--prefill-len", "8"]
+    r = _speed_report(capsys, [*argv, "--per-step", "1"])
+    _check_per_step(r, [1], 8)
+    assert r["batch_1"]["static_1_mean_skipped"] == 1  # static:1 drops its block at every step
+    assert r["batch_1"]["reskip_1_mean_skipped"] > 0  # a budget is a mean over the calibration text, not a cap
+    with pytest.raises(SystemExit) as e:
+        _speed_benchmark().main([*argv, "--per-step", "one"])
+    assert e.value.code == 2 and "--per-step takes whole block counts" in capsys.readouterr().err
+
+
 def test_speed_benchmark_on_a_random_config(tmp_path, capsys):
     """The GPU check's path (--random-config), here on a tiny config.json on the CPU."""
     config = save_tiny(tmp_path / "model", "qwen3") / "config.json"
@@ -120,6 +145,9 @@ def test_speed_benchmark_on_a_random_config(tmp_path, capsys):
     assert r["batch_1"]["static_mean_skipped"] == 1
     with pytest.raises(SystemExit, match="static-k must lie in 1..1"):
         _speed_benchmark().main([*argv, "--static-k", "2"])
+    r = _speed_report(capsys, [*argv, "--per-step", "1"])
+    _check_per_step(r, [1], 8)
+    assert r["batch_1"]["static_1_mean_skipped"] == 1
 
 
 def test_memory_benchmark_on_a_tiny_model(tmp_path, capsys):

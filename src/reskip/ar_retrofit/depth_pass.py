@@ -38,8 +38,9 @@ class DepthPass:
     states: h_0..h_n of the current pass, each (B, T, d) in the backbone dtype.
     float_states: the float32 copies of states made so far (in a float32 stream, the states).
     inv_rms: each float state's inverse RMS (B, T, 1), computed once per pass for every router that reads it.
-    sources: h_0..h_{k-1} stacked in float32 (B, T, k, d) for block k's router, stacked anew
-        for each block (one op; autograd-safe, nothing written in place).
+    sources: h_0..h_{k-1} in float32 (B, T, k, d) for block k's router. With autograd on, stacked anew for each
+        block (autograd-safe: nothing written in place); in inference a view of one (B, T, N, d) buffer per pass
+        into which each state is written once, when it is first read (no stack per block).
     alphas: block n -> alpha (B, T, n) of the last pass, when `record_alphas`.
     """
 
@@ -53,6 +54,8 @@ class DepthPass:
         self.float_states: list[torch.Tensor] = []
         self.inv_rms: list[torch.Tensor] = []
         self.sources: torch.Tensor | None = None
+        self.inv_sources: torch.Tensor | None = None  # the sources' inverse RMS, (B, T, k, 1)
+        self.buffer: tuple[torch.Tensor, torch.Tensor] | None = None  # inference: (B, T, N, d) and (B, T, N, 1)
         self.inputs: dict[int, torch.Tensor] = {}
         self.alphas: dict[int, torch.Tensor] = {}
         self.tensors: list | None = None  # the side-channel's tensors for this pass, by block
@@ -80,7 +83,7 @@ class DepthPass:
         """Called before block n's first layer with h_{n-1}; returns the block input x_n."""
         if n == 1:
             self.states, self.float_states, self.inv_rms, self.sources = [hidden], [], [], None
-            self.inputs, self.alphas = {}, {}
+            self.inputs, self.alphas, self.buffer = {}, {}, None
             self.tensors = self.side_channel.pass_tensors() if self.enabled else None
             self.idle = set(self.skip)
             self.pass_skip = self.position_skip  # copied before a runtime adds to it (`_decide`)
@@ -95,7 +98,7 @@ class DepthPass:
             self.inputs[n] = hidden
             return hidden
         self._grow_sources(n)
-        x, alpha = block_input(self.tensors[n], self.sources, hidden, torch.stack(self.inv_rms[:n], dim=-2))
+        x, alpha = block_input(self.tensors[n], self.sources, hidden, self.inv_sources, self.float_states[n - 1])
         if self.record_alphas:
             self.alphas[n] = alpha
         if self.runtime is not None:
@@ -118,12 +121,36 @@ class DepthPass:
             self.pass_skip[n] = rows[:, None].expand(x.shape[:2])  # (B, T)
 
     def _grow_sources(self, n: int) -> None:
-        """Stack the float32 sources h_0..h_{n-1}: (B, T, n, d). Each state is cast once per pass."""
+        """The float32 sources h_0..h_{n-1}, (B, T, n, d), and their inverse RMS (B, T, n, 1). Each state is cast
+        and normalised once per pass."""
+        if not torch.is_grad_enabled():
+            return self._grow_buffer(n)
         fs = self.float_states
         while len(fs) < n:  # usually just h_{n-1}; the float() of a float32 state is the state itself
             fs.append(self.states[len(fs)].float())
             self.inv_rms.append(inverse_rms(fs[-1]))  # (B, T, 1)
         self.sources = torch.stack(fs[:n], dim=-2)
+        self.inv_sources = torch.stack(self.inv_rms[:n], dim=-2)
+
+    def _grow_buffer(self, n: int) -> None:
+        """Inference: the sources as views of one buffer per pass, each state written into its slot once."""
+        fs = self.float_states
+        if self.buffer is None:
+            h0 = self.states[0]
+            shape = (*h0.shape[:-1], self.n_blocks)
+            self.buffer = (h0.new_empty(*shape, h0.shape[-1], dtype=torch.float32),
+                           h0.new_empty(*shape, 1, dtype=torch.float32))
+            for k, (f, r) in enumerate(zip(fs, self.inv_rms)):  # a replayed prefix's states, cast already
+                self.buffer[0][..., k, :].copy_(f)
+                self.buffer[1][..., k, :].copy_(r)
+        values, inv = self.buffer
+        while len(fs) < n:
+            k = len(fs)
+            slot = values[..., k, :]  # (B, T, d)
+            slot.copy_(self.states[k])
+            fs.append(slot)
+            self.inv_rms.append(inv[..., k, :].copy_(inverse_rms(slot)))  # (B, T, 1)
+        self.sources, self.inv_sources = values[..., :n, :], inv[..., :n, :]
 
     def skipped_output(self, n: int, x: torch.Tensor) -> torch.Tensor:
         """h_n of skipped block n from x_n: the identity, or the learned shortcut when the retrofit has one
@@ -150,7 +177,7 @@ class DepthPass:
                 self.captured = Captured(self.states, self.sources, self.inputs, self.inv_rms)
             # Drop references so activations are not kept alive between passes.
             self.states, self.float_states, self.inv_rms, self.sources = [], [], [], None
-            self.inputs, self.tensors = {}, None
+            self.inputs, self.tensors, self.buffer, self.inv_sources = {}, None, None, None
         return hidden
 
 

@@ -154,11 +154,14 @@ class BlockTensors(NamedTuple):
     gamma: torch.Tensor | None = None  # gamma_n = c(t) g_n, a scalar: only `interpolate` reads it
 
 
-def block_input(t: BlockTensors, sources: torch.Tensor, hidden: torch.Tensor, inv_rms: torch.Tensor | None = None):
+def block_input(t: BlockTensors, sources: torch.Tensor, hidden: torch.Tensor, inv_rms: torch.Tensor | None = None,
+                previous: torch.Tensor | None = None):
     """Block n's input x_n = h_{n-1} + gamma_n A_n(r_n - h_{n-1}), and alpha.
 
     sources: h_0..h_{n-1} (B, T, n, d) float32; hidden: h_{n-1} (B, T, d) in the backbone
-    dtype; inv_rms: the sources' `inverse_rms` (B, T, n, 1), or None to compute it. Returns (x_n like hidden, alpha (B, T, n)). c(t) is already folded into `t.gated_up`.
+    dtype; inv_rms: the sources' `inverse_rms` (B, T, n, 1), or None to compute it; previous: h_{n-1} in
+    float32 (B, T, d) as the caller keeps it, or None to read it off `sources`. Returns (x_n like hidden,
+    alpha (B, T, n)). c(t) is already folded into `t.gated_up`.
     At decode every op here is a fixed per-call cost, paid mostly in re-fetching its code after
     the layers in between; so it uses the backbone's own kinds of op (pointwise, mean, softmax,
     linear), whose code those layers keep warm (`benchmarks/speed.py` measures the result).
@@ -166,10 +169,13 @@ def block_input(t: BlockTensors, sources: torch.Tensor, hidden: torch.Tensor, in
     alpha = router_logits(t.query_scaled, t.bias_col, sources, inv_rms).softmax(dim=-2)  # (B, T, n, 1)
     if t.variant == "observer":  # alpha is read (and trained by the loss's own terms), the stream is untouched
         return hidden, alpha.squeeze(-1)
-    # h_{n-1} in float32: in float32 `hidden` is the very tensor stacked last in `sources`;
-    # otherwise that stacked entry is its exact float32 copy (no new cast).
-    h = hidden if hidden.dtype == torch.float32 else sources[..., -1, :]
-    u = (alpha * sources).sum(dim=-2) - h  # r_n - h_{n-1}, (B, T, d)
+    # h_{n-1} in float32: in float32 `hidden` itself; otherwise its float32 copy, which the caller keeps (its
+    # gradient then reaches that copy directly: read off `sources`, the backward builds a zero (B, T, n, d)
+    # tensor per block to place it in) or, failing that, the entry stacked last in `sources` (no new cast).
+    h = hidden if hidden.dtype == torch.float32 else previous if previous is not None else sources[..., -1, :]
+    # r_n = sum_i alpha_i h_i as one batched product, (B, T, 1, n) @ (B, T, n, d): no (B, T, n, d) temporary
+    # forward, and none for alpha's gradient backward
+    u = (alpha.transpose(-1, -2) @ sources).squeeze(-2) - h  # r_n - h_{n-1}, (B, T, d)
     if t.variant == "interpolate":  # (1 - gamma) h + gamma r = h + gamma (r - h)
         delta = t.gamma * u
     else:
