@@ -25,7 +25,8 @@ def test_the_gpu_check_dry_run_on_the_cpu(tmp_path):
     train, speed = items["train"]["result"], items["speed"]["result"]
     assert train["tok_s_retrofit_bfloat16"] > 0 and 0 <= abs(train["side_channel_share_bfloat16"]) < 1
     assert {"batch_1", "batch_2", "prefill_64"} <= set(speed)
-    assert speed["batch_1"]["static_mean_skipped"] == 1.0 and "reskip_speedup_measured" in speed["batch_1"]
+    assert speed["batch_1"]["static_1_mean_skipped"] == 1.0 and speed["batch_1"]["static_2_mean_skipped"] == 2.0
+    assert all(f"reskip_{k}_vs_backbone_over_ideal" in speed[r] for k in (1, 2) for r in ("batch_1", "prefill_64"))
     assert items["summary"]["targets"]["cuda_tests_pass"] is True
 
 
