@@ -185,6 +185,12 @@ def test_baselines_experiment_trains_every_method_at_every_lr_and_reads_them_aga
     assert "side+lora / retrofit - lora (kjv)" in r["intervals"] and len(r["claims"]) == 22
     assert "full-teacher / reskip:budget=1" in r["verdict"]
 
+    # where a run computes is not what it trains: asked on another device, every finished arm is read back
+    recipe_cfg = TrainConfig.from_file(folder / "arms" / "recipe@0.01" / "config.yaml")
+    other = "cpu" if recipe_cfg.device != "cpu" else "auto"
+    assert main([*args, "--variants", "--device", other]) == 0
+    assert json.loads((folder / "results.json").read_text())["sweep"] == r["sweep"]
+
 
 @pytest.mark.real
 def test_export_round_trip_on_the_bundled_backbone(tmp_path):

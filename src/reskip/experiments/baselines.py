@@ -183,8 +183,9 @@ def _train_arm(method: str, cfg: TrainConfig, where: Path, target: int, costs: B
     """Train one arm (or read it when finished); its row of the sweep."""
     files = RunFolder(where)
     if method in ("recipe", *VARIANTS):
-        if files.config.is_file() and TrainConfig.from_file(files.config).to_dict() != dataclasses.replace(
-                cfg, dtype=resolve_dtype_name(cfg.dtype)).to_dict():
+        # placement (device, sharding) is not what a run trains: a recipe run made elsewhere is reused here
+        if files.config.is_file() and TrainConfig.from_file(files.config).what_it_trains() != dataclasses.replace(
+                cfg, dtype=resolve_dtype_name(cfg.dtype)).what_it_trains():
             raise ReskipError(f"{where} holds a recipe run of other settings (its config.yaml differs): remove it")
         if not files.summary.is_file():
             train_run(where, cfg, resume=latest_checkpoint(where) is not None, show_progress=progress, overwrite=True)
