@@ -243,7 +243,7 @@ def run(args):
     for bsz in [int(b) for b in args.batches.split(",")]:
         ids = torch.randint(3, vocab, (bsz, args.prompt_len), generator=g).to(args.device)
         # Measure ReSkip's skips once to set static:k to the same mean (random weights: static:k as given).
-        if "reskip" in policies and pf is not None and not args.per_step:
+        if "reskip" in policies and pf is not None:  # --per-step names its policies reskip_K
             _, mean = decode_run(rm, ids, policies["reskip"], window, args.decode_steps)
             # a fractional mean is matched by a mix of k and k + 1 static blocks across steps
             k = args.static_k if args.static_k is not None else round(mean, 2)
