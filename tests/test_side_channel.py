@@ -7,7 +7,7 @@ import torch
 
 from helpers import batch, tiny_model
 from reskip import RetrofitConfig, alpha_entropy, retrofit
-from reskip.ar_retrofit.side_channel import SideChannel, count_side_channel_params, router_logits
+from reskip.ar_retrofit.side_channel import MixStates, SideChannel, count_side_channel_params, mix, source_scores
 
 
 def test_param_count_matches_closed_form():
@@ -57,9 +57,10 @@ def test_inference_caches_follow_parameter_updates():
             want, want_pass = block(sources, sources[..., -1, :], c), side.pass_tensors()
         for g, w in zip(got, want):
             torch.testing.assert_close(g, w.detach(), rtol=0, atol=0)
-        for g, w in zip(got_pass[2:], want_pass[2:]):  # every block's tensors for a pass
-            for a, b in zip(g[:4], w[:4]):
+        for g, w in zip(got_pass.blocks[2:], want_pass.blocks[2:]):  # every block's tensors for a pass
+            for a, b in zip(g[:5], w[:5]):
                 torch.testing.assert_close(a, b.detach(), rtol=0, atol=0)
+        torch.testing.assert_close(got_pass.queries, want_pass.queries.detach(), rtol=0, atol=0)
 
     with torch.no_grad():
         check()
@@ -235,16 +236,19 @@ def test_ce_sum_is_shifted_next_token_loss():
 
 
 def test_router_logits_are_rmsnorm_dot_products_and_train_after_inference_mode():
-    """w . (h / RMS(h) + b) / sqrt(d) in float64 against the (1, d) / (n, 1) form the router uses."""
+    """w . (h / RMS(h) + b) / sqrt(d) in float64 against the scores-plus-bias form the router uses."""
     torch.manual_seed(0)
     d, n = 16, 3
     h = torch.randn(3, 4, n, d) * torch.tensor([0.01, 1.0, 30.0])[:, None]  # tiny norms: the eps matters
     w, b = torch.randn(d), torch.randn(n, d)
     k = h.double() / torch.sqrt(h.double().pow(2).mean(-1, keepdim=True) + 1e-6) + b.double()
     ref = (k @ w.double()) / math.sqrt(d)
-    got = router_logits((w / math.sqrt(d)).unsqueeze(0), (b @ w).unsqueeze(-1) / math.sqrt(d), h)
+    got = source_scores((w / math.sqrt(d)).unsqueeze(0), h)
     assert got.shape == (3, 4, n, 1)
-    torch.testing.assert_close(got.squeeze(-1), ref.float())  # float32 tolerances
+    torch.testing.assert_close(got.squeeze(-1) + (b @ w) / math.sqrt(d), ref.float())  # float32 tolerances
+    queries = torch.randn(5, d)  # one state's scores against several routers at once: each router's own
+    for q in range(5):
+        torch.testing.assert_close(source_scores(queries, h[..., 1, :])[..., q], source_scores(queries[q:q + 1], h[..., 1, :])[..., 0])
     side = SideChannel(16, 3, RetrofitConfig(rank=4))
     sources = torch.randn(2, 5, 3, 16)
     with torch.inference_mode():  # a pass in inference mode first; nothing it leaves behind may block training
@@ -317,3 +321,43 @@ def test_observer_routing_trains_the_router_and_leaves_the_backbone():
     blk = rm.side_channel.block(2)
     assert blk.router.query.grad is not None and blk.router.query.grad.abs().sum() > 0
     assert blk.correction.up.weight.grad is None and blk.gate.grad is None
+
+
+def test_the_mix_of_separate_states_matches_the_stacked_product_in_value_and_gradient():
+    """`MixStates` (training: no (B, T, n, d) stack) against the batched product over a stack (inference), forward
+    and backward in float64; a state that needs no gradient gets none."""
+    torch.manual_seed(0)
+    coeff = torch.randn(2, 5, 3, dtype=torch.float64, requires_grad=True)
+    states = [torch.randn(2, 5, 7, dtype=torch.float64, requires_grad=i > 0) for i in range(3)]
+    torch.autograd.gradcheck(lambda c, *s: MixStates.apply(c, *s), (coeff, *states))
+    got = mix(coeff, states)
+    want = mix(coeff, torch.stack(states, dim=-2))
+    torch.testing.assert_close(got, want)
+    g = torch.randn_like(got)
+    grads = torch.autograd.grad(got, [coeff, *states[1:]], g)
+    want_grads = torch.autograd.grad(want, [coeff, *states[1:]], g)
+    for a, b in zip(grads, want_grads):
+        torch.testing.assert_close(a, b)
+    assert states[0].grad is None
+
+
+def test_a_pass_with_autograd_on_matches_the_same_pass_in_inference():
+    """The two ways a pass keeps its sources (separate tensors and the stackless mix with autograd on; one buffer and
+    a batched mix in inference) give the same logits and alphas on a retrofitted tiny model."""
+    torch.manual_seed(0)
+    rm = retrofit(tiny_model(), RetrofitConfig(rank=4, up_init_std=0.3))
+    rm.set_curriculum(1.0)
+    ids, mask = batch()
+    with torch.no_grad():
+        for blk in rm.side_channel.per_block.values():
+            blk.gate.fill_(3.0)  # a correction large enough to move the logits
+        want = rm(input_ids=ids, attention_mask=mask, output_alphas=True)
+        with rm.side_channel_disabled():
+            backbone = rm(input_ids=ids, attention_mask=mask).logits
+    assert (want.logits - backbone).abs().max() > 1e-2  # the side-channel acts
+    got = rm(input_ids=ids, attention_mask=mask, output_alphas=True)
+    assert got.logits.requires_grad
+    torch.testing.assert_close(got.logits.detach(), want.logits)
+    assert got.alphas.keys() == want.alphas.keys() and len(want.alphas) == rm.n_blocks - 1
+    for n, a in want.alphas.items():
+        torch.testing.assert_close(got.alphas[n].detach(), a)

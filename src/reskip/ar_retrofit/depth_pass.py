@@ -17,17 +17,17 @@ from torch.utils.checkpoint import checkpoint
 
 from .. import compat
 from .kv_cache import append_kv
-from .side_channel import SideChannel, block_input, inverse_rms
+from .side_channel import SideChannel, block_input, source_scores
 
 
 @dataclass
 class Captured:
-    """A finished pass: states h_0..h_N, the routers' float32 stack of them, block inputs x_n."""
+    """A finished pass: states h_0..h_N, the routers' float32 copies of them and their scores, block inputs x_n."""
 
     states: list[torch.Tensor]
-    sources: torch.Tensor | None  # (B, T, k, d): h_0..h_{k-1}, k = the sources the last router read
+    float_states: list[torch.Tensor]  # h_0..h_{k-1} in float32, (B, T, d) each, k = the sources the last router read
+    scores: list[torch.Tensor]  # their `source_scores` against every router, (B, T, P) each
     inputs: dict[int, torch.Tensor]
-    inv_rms: list[torch.Tensor]  # the routers' inverse RMS of h_0..h_{k-1}, each (B, T, 1)
 
 
 class DepthPass:
@@ -37,10 +37,11 @@ class DepthPass:
     skip: blocks replaced by identity in the next passes.
     states: h_0..h_n of the current pass, each (B, T, d) in the backbone dtype.
     float_states: the float32 copies of states made so far (in a float32 stream, the states).
-    inv_rms: each float state's inverse RMS (B, T, 1), computed once per pass for every router that reads it.
-    sources: h_0..h_{k-1} in float32 (B, T, k, d) for block k's router. With autograd on, stacked anew for each
-        block (autograd-safe: nothing written in place); in inference a view of one (B, T, N, d) buffer per pass
-        into which each state is written once, when it is first read (no stack per block).
+    scores: each float state's `source_scores` against every router (B, T, P), one product per state per pass.
+    With autograd on these are separate tensors (nothing written in place; the mix reads the states without
+    stacking them, `side_channel.MixStates`); in inference they are views of one (B, T, N, d) and one (B, T, N, P)
+    buffer per pass, into which each state is written once, when it is first read: block k's router then reads
+    h_0..h_{k-1} as one (B, T, k, d) view and its scores as one (B, T, k) view.
     alphas: block n -> alpha (B, T, n) of the last pass, when `record_alphas`.
     """
 
@@ -52,13 +53,11 @@ class DepthPass:
         self.record_alphas = False
         self.states: list[torch.Tensor] = []
         self.float_states: list[torch.Tensor] = []
-        self.inv_rms: list[torch.Tensor] = []
-        self.sources: torch.Tensor | None = None
-        self.inv_sources: torch.Tensor | None = None  # the sources' inverse RMS, (B, T, k, 1)
-        self.buffer: tuple[torch.Tensor, torch.Tensor] | None = None  # inference: (B, T, N, d) and (B, T, N, 1)
+        self.scores: list[torch.Tensor] = []
+        self.buffer: tuple[torch.Tensor, torch.Tensor] | None = None  # inference: (B, T, N, d) and (B, T, N, P)
         self.inputs: dict[int, torch.Tensor] = {}
         self.alphas: dict[int, torch.Tensor] = {}
-        self.tensors: list | None = None  # the side-channel's tensors for this pass, by block
+        self.tensors = None  # the side-channel's `PassTensors` for this pass
         # capture: keep the pass's states and block inputs after it ends (in `captured`).
         # replay: (k, captured, identity) -> blocks 1..k are not run; the stream continues
         # after block k from the captured x_k (identity: block k skipped) or h_k (block k as it
@@ -82,7 +81,7 @@ class DepthPass:
     def enter_block(self, n: int, hidden: torch.Tensor) -> torch.Tensor:
         """Called before block n's first layer with h_{n-1}; returns the block input x_n."""
         if n == 1:
-            self.states, self.float_states, self.inv_rms, self.sources = [hidden], [], [], None
+            self.states, self.float_states, self.scores = [hidden], [], []
             self.inputs, self.alphas, self.buffer = {}, {}, None
             self.tensors = self.side_channel.pass_tensors() if self.enabled else None
             self.idle = set(self.skip)
@@ -97,8 +96,8 @@ class DepthPass:
         if n == 1 or not self.enabled:
             self.inputs[n] = hidden
             return hidden
-        self._grow_sources(n)
-        x, alpha = block_input(self.tensors[n], self.sources, hidden, self.inv_sources, self.float_states[n - 1])
+        scores, sources = self._router_inputs(n)
+        x, alpha = block_input(self.tensors.blocks[n], scores, sources, hidden)
         if self.record_alphas:
             self.alphas[n] = alpha
         if self.runtime is not None:
@@ -120,37 +119,37 @@ class DepthPass:
             rows = decision if isinstance(decision, torch.Tensor) else torch.tensor(decision, device=x.device)  # (B,)
             self.pass_skip[n] = rows[:, None].expand(x.shape[:2])  # (B, T)
 
-    def _grow_sources(self, n: int) -> None:
-        """The float32 sources h_0..h_{n-1}, (B, T, n, d), and their inverse RMS (B, T, n, 1). Each state is cast
-        and normalised once per pass."""
+    def _router_inputs(self, n: int):
+        """Block n's router reads the scores (B, T, n) and the float32 sources h_0..h_{n-1} (a (B, T, n, d) view,
+        or n (B, T, d) tensors with autograd on); each state is cast and scored once per pass, when first read."""
         if not torch.is_grad_enabled():
             return self._grow_buffer(n)
-        fs = self.float_states
+        fs, queries = self.float_states, self.tensors.queries
         while len(fs) < n:  # usually just h_{n-1}; the float() of a float32 state is the state itself
             fs.append(self.states[len(fs)].float())
-            self.inv_rms.append(inverse_rms(fs[-1]))  # (B, T, 1)
-        self.sources = torch.stack(fs[:n], dim=-2)
-        self.inv_sources = torch.stack(self.inv_rms[:n], dim=-2)
+            self.scores.append(source_scores(queries, fs[-1]))  # (B, T, P)
+        scores = torch.stack([s[..., n - 2] for s in self.scores[:n]], dim=-1)  # (B, T, n): small
+        return scores, fs[:n]
 
-    def _grow_buffer(self, n: int) -> None:
-        """Inference: the sources as views of one buffer per pass, each state written into its slot once."""
-        fs = self.float_states
+    def _grow_buffer(self, n: int):
+        """Inference: the sources and their scores as views of one buffer each per pass, each state written once."""
+        fs, queries = self.float_states, self.tensors.queries
         if self.buffer is None:
             h0 = self.states[0]
             shape = (*h0.shape[:-1], self.n_blocks)
             self.buffer = (h0.new_empty(*shape, h0.shape[-1], dtype=torch.float32),
-                           h0.new_empty(*shape, 1, dtype=torch.float32))
-            for k, (f, r) in enumerate(zip(fs, self.inv_rms)):  # a replayed prefix's states, cast already
+                           h0.new_empty(*shape, queries.shape[0], dtype=torch.float32))
+            for k, (f, sc) in enumerate(zip(fs, self.scores)):  # a replayed prefix's states, scored already
                 self.buffer[0][..., k, :].copy_(f)
-                self.buffer[1][..., k, :].copy_(r)
-        values, inv = self.buffer
+                self.buffer[1][..., k, :].copy_(sc)
+        values, scores = self.buffer
         while len(fs) < n:
             k = len(fs)
             slot = values[..., k, :]  # (B, T, d)
             slot.copy_(self.states[k])
             fs.append(slot)
-            self.inv_rms.append(inv[..., k, :].copy_(inverse_rms(slot)))  # (B, T, 1)
-        self.sources, self.inv_sources = values[..., :n, :], inv[..., :n, :]
+            self.scores.append(source_scores(queries, slot, out=scores[..., k, :]))  # (B, T, P)
+        return scores[..., :n, n - 2], values[..., :n, :]
 
     def skipped_output(self, n: int, x: torch.Tensor) -> torch.Tensor:
         """h_n of skipped block n from x_n: the identity, or the learned shortcut when the retrofit has one
@@ -165,8 +164,7 @@ class DepthPass:
                 return hidden  # placeholder flowing through un-run blocks; replaced at block k
             hidden = self.skipped_output(k, cap.inputs[k]) if identity else cap.states[k]
             self.states = cap.states[:k] + [hidden]
-            self.float_states = [] if cap.sources is None else list(cap.sources[..., :k, :].unbind(-2))
-            self.inv_rms = cap.inv_rms[:len(self.float_states)]
+            self.float_states, self.scores = cap.float_states[:k], cap.scores[:k]
             self.inputs = {j: x for j, x in cap.inputs.items() if j <= k}
         else:
             if n in self.idle:  # skipped: `hidden` is x_n, passed through its layers unchanged
@@ -174,10 +172,10 @@ class DepthPass:
             self.states.append(hidden)
         if n == self.n_blocks:
             if self.capture:
-                self.captured = Captured(self.states, self.sources, self.inputs, self.inv_rms)
+                self.captured = Captured(self.states, self.float_states, self.scores, self.inputs)
             # Drop references so activations are not kept alive between passes.
-            self.states, self.float_states, self.inv_rms, self.sources = [], [], [], None
-            self.inputs, self.tensors, self.buffer, self.inv_sources = {}, None, None, None
+            self.states, self.float_states, self.scores = [], [], []
+            self.inputs, self.tensors, self.buffer = {}, None, None
         return hidden
 
 

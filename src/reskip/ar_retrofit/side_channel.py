@@ -60,21 +60,47 @@ def inverse_rms(h: torch.Tensor) -> torch.Tensor:
     return torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + RMS_EPS)
 
 
-def router_logits(query_scaled: torch.Tensor, bias_col: torch.Tensor, sources: torch.Tensor,
-                  inv_rms: torch.Tensor | None = None) -> torch.Tensor:
-    """sources: h_i stacked, (B, T, n, d) float32 -> logits (B, T, n, 1).
+def source_scores(queries: torch.Tensor, states: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """(w / sqrt(d)) . RMSNorm(h) for every query and state: queries (q, d), states (..., d) float32 -> (..., q).
 
-    w . (RMSNorm(h_i) + b_i) / sqrt(d) = (w / sqrt(d)) . h_i * rsqrt(mean(h_i^2) + eps) + w . b_i / sqrt(d),
-    so the normalised copies of the sources are never built. query_scaled: w / sqrt(d) as (1, d);
-    bias_col: w . b_i / sqrt(d) as (n, 1); inv_rms: `inverse_rms` of the sources (B, T, n, 1), when the
-    caller keeps it per state (a pass computes it once per state, not once per block that reads it).
-    The ops are those of the backbone's own RMSNorm and linear layers: at decode their code is still
-    warm from the layer that just ran, which makes them several microseconds cheaper each than a norm
-    or mv kernel run once per block.
+    w . (RMSNorm(h_i) + b_i) / sqrt(d) = (w / sqrt(d)) . h_i * rsqrt(mean(h_i^2) + eps) + w . b_i / sqrt(d): the
+    bias term depends on no input (`BlockTensors.bias`), so a state's scores against every router that reads it
+    are one product, taken once when the state is made (`DepthPass`), and no normalised copy is ever built.
+    out: where to write them (inference: a slot of the pass's score buffer).
     """
-    if inv_rms is None:
-        inv_rms = inverse_rms(sources)  # (B, T, n, 1)
-    return F.linear(sources, query_scaled) * inv_rms + bias_col
+    return torch.mul(F.linear(states, queries), inverse_rms(states), out=out)
+
+
+class MixStates(torch.autograd.Function):
+    """sum_i c_i h_i over n separate states, (B, T, n) coefficients and n (B, T, d) float32 states -> (B, T, d).
+
+    With autograd on, the states are never stacked: a (B, T, n, d) stack per block is written, read twice and
+    differentiated (an O(N^2) traffic over the blocks that dominated the training side-channel); here each state is
+    read once forward and once backward, and only the states that need a gradient get one."""
+
+    @staticmethod
+    def forward(ctx, coeff: torch.Tensor, *states: torch.Tensor) -> torch.Tensor:
+        out = states[0] * coeff[..., :1]
+        for i in range(1, len(states)):
+            out.addcmul_(states[i], coeff[..., i:i + 1])
+        ctx.save_for_backward(coeff, *states)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        coeff, *states = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        grad_coeff = torch.stack([(s * grad).sum(-1) for s in states], -1) if need[0] else None  # (B, T, n)
+        grads = [grad * coeff[..., i:i + 1] if need[i + 1] else None for i in range(len(states))]
+        return grad_coeff, *grads
+
+
+def mix(coeff: torch.Tensor, sources) -> torch.Tensor:
+    """sum_i c_i h_i: coeff (B, T, n); sources (B, T, n, d) float32 (one batched product, (B, T, 1, n) @ (B, T, n, d):
+    no (B, T, n, d) temporary) or a sequence of n (B, T, d) float32 states (`MixStates`) -> (B, T, d)."""
+    if isinstance(sources, torch.Tensor):
+        return (coeff.unsqueeze(-2) @ sources).squeeze(-2)
+    return MixStates.apply(coeff, *sources)
 
 
 class DepthRouter(nn.Module):
@@ -95,13 +121,13 @@ class DepthRouter(nn.Module):
         """w / sqrt(d) as a (1, d) weight for `F.linear`."""
         return (self.query * (1.0 / math.sqrt(self.hidden_size))).unsqueeze(0)
 
-    def bias_col(self) -> torch.Tensor:
-        """w . b_i / sqrt(d) for every source, (n_sources, 1); it does not depend on the input."""
-        return (self.source_bias @ self.query).unsqueeze(-1) * (1.0 / math.sqrt(self.hidden_size))
+    def bias(self) -> torch.Tensor:
+        """w . b_i / sqrt(d) for every source, (n_sources,); it does not depend on the input."""
+        return (self.source_bias @ self.query) * (1.0 / math.sqrt(self.hidden_size))
 
     def logits(self, sources: torch.Tensor) -> torch.Tensor:
         """(B, T, n, d) -> (B, T, n)."""
-        return router_logits(self.query_scaled(), self.bias_col(), sources).squeeze(-1)
+        return source_scores(self.query_scaled(), sources).squeeze(-1) + self.bias()
 
     def forward(self, sources: torch.Tensor) -> torch.Tensor:
         return self.logits(sources).softmax(dim=-1)
@@ -146,7 +172,8 @@ class BlockTensors(NamedTuple):
     budget, so a pass reads them all up front (`SideChannel.pass_tensors`)."""
 
     query_scaled: torch.Tensor  # w_n / sqrt(d), (1, d)
-    bias_col: torch.Tensor  # w_n . b_i / sqrt(d), (n, 1)
+    bias: torch.Tensor  # w_n . b_i / sqrt(d), (n,)
+    last: torch.Tensor  # the one-hot of h_{n-1} among the n sources, (n,): r_n - h_{n-1} = sum_i (alpha_i - last_i) h_i
     down: torch.Tensor  # W_down (r, d)
     gated_up: torch.Tensor  # gamma_n W_up, (d, r): the gate folded into the up-projection (W_up for gamma_free)
     act: Callable[[torch.Tensor], torch.Tensor]
@@ -154,34 +181,27 @@ class BlockTensors(NamedTuple):
     gamma: torch.Tensor | None = None  # gamma_n = c(t) g_n, a scalar: only `interpolate` reads it
 
 
-def block_input(t: BlockTensors, sources: torch.Tensor, hidden: torch.Tensor, inv_rms: torch.Tensor | None = None,
-                previous: torch.Tensor | None = None):
+def block_input(t: BlockTensors, scores: torch.Tensor, sources, hidden: torch.Tensor):
     """Block n's input x_n = h_{n-1} + gamma_n A_n(r_n - h_{n-1}), and alpha.
 
-    sources: h_0..h_{n-1} (B, T, n, d) float32; hidden: h_{n-1} (B, T, d) in the backbone
-    dtype; inv_rms: the sources' `inverse_rms` (B, T, n, 1), or None to compute it; previous: h_{n-1} in
-    float32 (B, T, d) as the caller keeps it, or None to read it off `sources`. Returns (x_n like hidden,
-    alpha (B, T, n)). c(t) is already folded into `t.gated_up`.
-    At decode every op here is a fixed per-call cost, paid mostly in re-fetching its code after
-    the layers in between; so it uses the backbone's own kinds of op (pointwise, mean, softmax,
-    linear), whose code those layers keep warm (`benchmarks/speed.py` measures the result).
+    scores: `source_scores` of h_0..h_{n-1} against w_n, (B, T, n); sources: h_0..h_{n-1} in float32, (B, T, n, d) or
+    a sequence of n (B, T, d) (see `mix`), the last being h_{n-1}; hidden: h_{n-1} (B, T, d) in the backbone dtype.
+    Returns (x_n like hidden, alpha (B, T, n)). c(t) is already folded into `t.gated_up`.
+    r_n - h_{n-1} is one mix with alpha - last as its coefficients: no r_n and no separate subtraction. At decode
+    every op here is a fixed per-call cost, paid mostly in re-fetching its code after the layers in between; so it
+    uses the backbone's own kinds of op (pointwise, softmax, matmul, linear), whose code those layers keep warm
+    (`benchmarks/speed.py` measures the result).
     """
-    alpha = router_logits(t.query_scaled, t.bias_col, sources, inv_rms).softmax(dim=-2)  # (B, T, n, 1)
+    alpha = (scores + t.bias).softmax(dim=-1)  # (B, T, n)
     if t.variant == "observer":  # alpha is read (and trained by the loss's own terms), the stream is untouched
-        return hidden, alpha.squeeze(-1)
-    # h_{n-1} in float32: in float32 `hidden` itself; otherwise its float32 copy, which the caller keeps (its
-    # gradient then reaches that copy directly: read off `sources`, the backward builds a zero (B, T, n, d)
-    # tensor per block to place it in) or, failing that, the entry stacked last in `sources` (no new cast).
-    h = hidden if hidden.dtype == torch.float32 else previous if previous is not None else sources[..., -1, :]
-    # r_n = sum_i alpha_i h_i as one batched product, (B, T, 1, n) @ (B, T, n, d): no (B, T, n, d) temporary
-    # forward, and none for alpha's gradient backward
-    u = (alpha.transpose(-1, -2) @ sources).squeeze(-2) - h  # r_n - h_{n-1}, (B, T, d)
+        return hidden, alpha
+    u = mix(alpha - t.last, sources)  # r_n - h_{n-1}, (B, T, d) float32
     if t.variant == "interpolate":  # (1 - gamma) h + gamma r = h + gamma (r - h)
         delta = t.gamma * u
     else:
         delta = F.linear(t.act(F.linear(u, t.down)), t.gated_up)  # gamma W_up sigma(W_down u), (B, T, d)
     x = hidden + (delta if hidden.dtype == torch.float32 else delta.to(hidden.dtype))
-    return x, alpha.squeeze(-1)
+    return x, alpha
 
 
 class BlockSideChannel(nn.Module):
@@ -213,14 +233,17 @@ class BlockSideChannel(nn.Module):
     def _compute_tensors(self, curriculum: float) -> BlockTensors:
         r, a = self.router, self.correction
         gamma = curriculum * self.gate
+        last = torch.zeros(self.n_sources, dtype=self.gate.dtype, device=self.gate.device)
+        last[-1] = 1.0
         if self.variant == "gamma_free":  # no gate and no curriculum: A_n acts from step 0
-            return BlockTensors(r.query_scaled(), r.bias_col(), a.down.weight, a.up.weight, a.act, self.variant)
-        return BlockTensors(r.query_scaled(), r.bias_col(), a.down.weight, a.up.weight * gamma, a.act, self.variant,
+            return BlockTensors(r.query_scaled(), r.bias(), last, a.down.weight, a.up.weight, a.act, self.variant)
+        return BlockTensors(r.query_scaled(), r.bias(), last, a.down.weight, a.up.weight * gamma, a.act, self.variant,
                             gamma)
 
     def forward(self, sources: torch.Tensor, hidden: torch.Tensor, curriculum: float):
-        """(x_n, alpha) for sources h_0..h_{n-1} (B, T, n, d) and h_{n-1} (B, T, d): see `block_input`."""
-        return block_input(self.tensors(curriculum), sources, hidden)
+        """(x_n, alpha) for sources h_0..h_{n-1} (B, T, n, d) float32 and h_{n-1} (B, T, d): see `block_input`."""
+        t = self.tensors(curriculum)
+        return block_input(t, source_scores(t.query_scaled, sources).squeeze(-1), sources, hidden)
 
 
 class SideChannel(nn.Module):
@@ -262,20 +285,33 @@ class SideChannel(nn.Module):
         """The depth routers of blocks 2..N, in order."""
         return [m for m in self.modules() if isinstance(m, DepthRouter)]
 
-    def pass_tensors(self) -> list[BlockTensors | None]:
-        """Every block's tensors for one pass, indexed by n (None for n = 0, 1). While autograd is off
-        the list is kept whole, under one key over every block's parameters and c(t): one check per
-        decode step instead of one per block."""
+    def pass_tensors(self) -> PassTensors:
+        """Every block's tensors for one pass and the routers' stacked queries. While autograd is off they are kept
+        whole, under one key over every block's parameters and c(t): one check per decode step instead of one per
+        block."""
         blocks = list(self.per_block._modules.values())  # blocks 2..N in order
         c = self.curriculum
 
         def compute():
-            return [None, None] + [blk.tensors(c) for blk in blocks]
+            queries = torch.cat([blk.router.query_scaled() for blk in blocks])  # (N - 1, d)
+            # zero rows up to a multiple of 8: a product with 7 output columns runs at a third of the speed of 8 on
+            # this CPU's kernels (the router of block n reads column n - 2; the padding's scores are never read)
+            queries = F.pad(queries, (0, 0, 0, -len(blocks) % 8))
+            return PassTensors([None, None] + [blk.tensors(c) for blk in blocks], queries)
 
         if torch.is_grad_enabled():
             return compute()
         params = [p for blk in blocks for p in blk.parameter_tensors()]
         return self._pass_tensors.get(params, c, compute)
+
+
+class PassTensors(NamedTuple):
+    """What one pass reads off the side-channel: blocks[n] is block n's `BlockTensors` (None for n = 0, 1);
+    queries: every router's w_n / sqrt(d), block n's in row n - 2, zero-padded (P, d): a state's `source_scores`
+    against all routers in one product."""
+
+    blocks: list
+    queries: torch.Tensor
 
 
 def count_side_channel_params(hidden_size: int, n_blocks: int, rank: int, shortcut_rank: int | None = None) -> int:
