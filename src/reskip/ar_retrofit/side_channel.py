@@ -293,11 +293,12 @@ class SideChannel(nn.Module):
         c = self.curriculum
 
         def compute():
-            queries = torch.cat([blk.router.query_scaled() for blk in blocks])  # (N - 1, d)
+            per_block = [blk.tensors(c) for blk in blocks]
+            queries = torch.cat([t.query_scaled for t in per_block])  # (N - 1, d)
             # zero rows up to a multiple of 8: a product with 7 output columns runs at a third of the speed of 8 on
             # this CPU's kernels (the router of block n reads column n - 2; the padding's scores are never read)
             queries = F.pad(queries, (0, 0, 0, -len(blocks) % 8))
-            return PassTensors([None, None] + [blk.tensors(c) for blk in blocks], queries)
+            return PassTensors([None, None] + per_block, queries)
 
         if torch.is_grad_enabled():
             return compute()
