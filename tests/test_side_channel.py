@@ -7,7 +7,8 @@ import torch
 
 from helpers import batch, tiny_model
 from reskip import RetrofitConfig, alpha_entropy, retrofit
-from reskip.ar_retrofit.side_channel import MixStates, SideChannel, count_side_channel_params, mix, source_scores
+from reskip.ar_retrofit.side_channel import (MixStates, SideChannel, count_side_channel_params, mix, score_root,
+                                             source_scores)
 
 
 def test_param_count_matches_closed_form():
@@ -243,13 +244,14 @@ def test_router_logits_are_rmsnorm_dot_products_and_train_after_inference_mode()
     w, b = torch.randn(d), torch.randn(n, d)
     k = h.double() / torch.sqrt(h.double().pow(2).mean(-1, keepdim=True) + 1e-6) + b.double()
     ref = (k @ w.double()) / math.sqrt(d)
-    got = source_scores((w / math.sqrt(d)).unsqueeze(0), h)
+    root = score_root(d, h.device)
+    got = source_scores(w.unsqueeze(0), ((b @ w) / math.sqrt(d)).unsqueeze(-1), h, root)
     assert got.shape == (3, 4, n, 1)
-    torch.testing.assert_close(got.squeeze(-1) + (b @ w) / math.sqrt(d), ref.float())  # float32 tolerances
-    queries = torch.randn(5, d)  # one state's scores against several routers at once: each router's own
+    torch.testing.assert_close(got.squeeze(-1), ref.float())  # float32 tolerances
+    queries, bias = torch.randn(5, d), torch.randn(5)  # one state's scores against several routers at once
     for q in range(5):
-        one = source_scores(queries[q:q + 1], h[..., 1, :])[..., 0]
-        torch.testing.assert_close(source_scores(queries, h[..., 1, :])[..., q], one)
+        one = source_scores(queries[q:q + 1], bias[q:q + 1], h[..., 1, :], root)[..., 0]
+        torch.testing.assert_close(source_scores(queries, bias, h[..., 1, :], root)[..., q], one)
     side = SideChannel(16, 3, RetrofitConfig(rank=4))
     sources = torch.randn(2, 5, 3, 16)
     with torch.inference_mode():  # a pass in inference mode first; nothing it leaves behind may block training

@@ -124,16 +124,17 @@ class DepthPass:
         or n (B, T, d) tensors with autograd on); each state is cast and scored once per pass, when first read."""
         if not torch.is_grad_enabled():
             return self._grow_buffer(n)
-        fs, queries = self.float_states, self.tensors.queries
+        fs, pt = self.float_states, self.tensors
         while len(fs) < n:  # usually just h_{n-1}; the float() of a float32 state is the state itself
             fs.append(self.states[len(fs)].float())
-            self.scores.append(source_scores(queries, fs[-1]))  # (B, T, P)
+            self.scores.append(source_scores(pt.queries, pt.bias[len(fs) - 1], fs[-1], pt.root))  # (B, T, P)
         scores = torch.stack([s[..., n - 2] for s in self.scores[:n]], dim=-1)  # (B, T, n): small
         return scores, fs[:n]
 
     def _grow_buffer(self, n: int):
         """Inference: the sources and their scores as views of one buffer each per pass, each state written once."""
-        fs, queries = self.float_states, self.tensors.queries
+        fs, pt = self.float_states, self.tensors
+        queries = pt.queries
         if self.buffer is None:
             h0 = self.states[0]
             shape = (*h0.shape[:-1], self.n_blocks)
@@ -148,7 +149,7 @@ class DepthPass:
             slot = values[..., k, :]  # (B, T, d)
             slot.copy_(self.states[k])
             fs.append(slot)
-            self.scores.append(source_scores(queries, slot, out=scores[..., k, :]))  # (B, T, P)
+            self.scores.append(source_scores(queries, pt.bias[k], slot, pt.root, out=scores[..., k, :]))  # (B, T, P)
         return scores[..., :n, n - 2], values[..., :n, :]
 
     def skipped_output(self, n: int, x: torch.Tensor) -> torch.Tensor:

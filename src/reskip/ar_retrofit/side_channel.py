@@ -55,20 +55,22 @@ class DerivedCache:
         return self.value
 
 
-def inverse_rms(h: torch.Tensor) -> torch.Tensor:
-    """rsqrt(mean(h^2) + eps) over the last dimension, kept: (..., d) -> (..., 1)."""
-    return torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + RMS_EPS)
+def score_root(hidden_size: int, device) -> torch.Tensor:
+    """sqrt(d * eps) as a 0-dim float32 tensor: the RMS's eps in the norm's units (`source_scores`)."""
+    return torch.tensor(math.sqrt(hidden_size * RMS_EPS), device=device)
 
 
-def source_scores(queries: torch.Tensor, states: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """(w / sqrt(d)) . RMSNorm(h) for every query and state: queries (q, d), states (..., d) float32 -> (..., q).
+def source_scores(queries: torch.Tensor, bias: torch.Tensor, states: torch.Tensor, root: torch.Tensor,
+                  out: torch.Tensor | None = None) -> torch.Tensor:
+    """w . (RMSNorm(h) + b) / sqrt(d) for every query and state: queries w (q, d) unscaled, bias (q,) the
+    input-free w . b / sqrt(d) of each, states (..., d) float32, root `score_root` -> (..., q).
 
-    w . (RMSNorm(h_i) + b_i) / sqrt(d) = (w / sqrt(d)) . h_i * rsqrt(mean(h_i^2) + eps) + w . b_i / sqrt(d): the
-    bias term depends on no input (`BlockTensors.bias`), so a state's scores against every router that reads it
-    are one product, taken once when the state is made (`DepthPass`), and no normalised copy is ever built.
-    out: where to write them (inference: a slot of the pass's score buffer).
+    w . RMSNorm(h) / sqrt(d) = w . h / sqrt(|h|^2 + d eps): one product against every query, the state's norm
+    (one reduction), hypot(|h|, sqrt(d eps)) and one fused add-divide with the bias, four kernels per state and no
+    normalised copy. out: where to write them (inference: a slot of the pass's score buffer).
     """
-    return torch.mul(F.linear(states, queries), inverse_rms(states), out=out)
+    den = torch.hypot(torch.linalg.vector_norm(states, dim=-1, keepdim=True), root)  # (..., 1)
+    return torch.addcdiv(bias, F.linear(states, queries), den, out=out)
 
 
 class MixStates(torch.autograd.Function):
@@ -117,9 +119,6 @@ class DepthRouter(nn.Module):
         self.query = nn.Parameter(w)  # w_n: (d,)
         self.source_bias = nn.Parameter(b)  # b_i: (n_sources, d)
 
-    def query_scaled(self) -> torch.Tensor:
-        """w / sqrt(d) as a (1, d) weight for `F.linear`."""
-        return (self.query * (1.0 / math.sqrt(self.hidden_size))).unsqueeze(0)
 
     def bias(self) -> torch.Tensor:
         """w . b_i / sqrt(d) for every source, (n_sources,); it does not depend on the input."""
@@ -127,7 +126,8 @@ class DepthRouter(nn.Module):
 
     def logits(self, sources: torch.Tensor) -> torch.Tensor:
         """(B, T, n, d) -> (B, T, n)."""
-        return source_scores(self.query_scaled(), sources).squeeze(-1) + self.bias()
+        root = score_root(self.hidden_size, sources.device)
+        return source_scores(self.query.unsqueeze(0), self.bias().unsqueeze(-1), sources, root).squeeze(-1)
 
     def forward(self, sources: torch.Tensor) -> torch.Tensor:
         return self.logits(sources).softmax(dim=-1)
@@ -171,31 +171,37 @@ class BlockTensors(NamedTuple):
     At decode each attribute read through nn.Module costs a visible share of the block's
     budget, so a pass reads them all up front (`SideChannel.pass_tensors`)."""
 
-    query_scaled: torch.Tensor  # w_n / sqrt(d), (1, d)
-    bias: torch.Tensor  # w_n . b_i / sqrt(d), (n,)
+    query: torch.Tensor  # w_n, (1, d)
+    bias: torch.Tensor  # w_n . b_i / sqrt(d), (n,): folded into each state's scores (`PassTensors.bias`)
     last: torch.Tensor  # the one-hot of h_{n-1} among the n sources, (n,): r_n - h_{n-1} = sum_i (alpha_i - last_i) h_i
     down: torch.Tensor  # W_down (r, d)
     gated_up: torch.Tensor  # gamma_n W_up, (d, r): the gate folded into the up-projection (W_up for gamma_free)
     act: Callable[[torch.Tensor], torch.Tensor]
     variant: str = "recipe"
     gamma: torch.Tensor | None = None  # gamma_n = c(t) g_n, a scalar: only `interpolate` reads it
+    root: torch.Tensor | None = None  # `score_root`
 
 
 def block_input(t: BlockTensors, scores: torch.Tensor, sources, hidden: torch.Tensor):
     """Block n's input x_n = h_{n-1} + gamma_n A_n(r_n - h_{n-1}), and alpha.
 
-    scores: `source_scores` of h_0..h_{n-1} against w_n, (B, T, n); sources: h_0..h_{n-1} in float32, (B, T, n, d) or
-    a sequence of n (B, T, d) (see `mix`), the last being h_{n-1}; hidden: h_{n-1} (B, T, d) in the backbone dtype.
-    Returns (x_n like hidden, alpha (B, T, n)). c(t) is already folded into `t.gated_up`.
-    r_n - h_{n-1} is one mix with alpha - last as its coefficients: no r_n and no separate subtraction. At decode
-    every op here is a fixed per-call cost, paid mostly in re-fetching its code after the layers in between; so it
-    uses the backbone's own kinds of op (pointwise, softmax, matmul, linear), whose code those layers keep warm
-    (`benchmarks/speed.py` measures the result).
+    scores: router n's logits of h_0..h_{n-1} (`source_scores`, the bias term included), (B, T, n); sources:
+    h_0..h_{n-1} in float32, (B, T, n, d) or a sequence of n (B, T, d) (see `mix`), the last being h_{n-1}; hidden:
+    h_{n-1} (B, T, d) in the backbone dtype. Returns (x_n like hidden, alpha (B, T, n)). c(t) is already folded into
+    `t.gated_up`. r_n - h_{n-1} is never built as r_n and a subtraction: in inference it is one batched product
+    -h_{n-1} + alpha @ H (`baddbmm`), with autograd on one mix of the separate states with alpha - last as its
+    coefficients. At decode every op here is a fixed per-call cost (about 10 us on a CPU, a kernel launch on a GPU),
+    so the fewer the better (`benchmarks/speed.py` measures the result).
     """
-    alpha = (scores + t.bias).softmax(dim=-1)  # (B, T, n)
+    alpha = scores.softmax(dim=-1)  # (B, T, n)
     if t.variant == "observer":  # alpha is read (and trained by the loss's own terms), the stream is untouched
         return hidden, alpha
-    u = mix(alpha - t.last, sources)  # r_n - h_{n-1}, (B, T, d) float32
+    if isinstance(sources, torch.Tensor):  # inference: -h_{n-1} + alpha @ H in one batched product
+        b, l, n, d = sources.shape
+        u = torch.baddbmm(sources[..., -1, :].reshape(b * l, 1, d), alpha.view(b * l, 1, n),
+                          sources.reshape(b * l, n, d), beta=-1).view(b, l, d)  # r_n - h_{n-1}
+    else:
+        u = mix(alpha - t.last, sources)  # r_n - h_{n-1}, (B, T, d) float32
     if t.variant == "interpolate":  # (1 - gamma) h + gamma r = h + gamma (r - h)
         delta = t.gamma * u
     else:
@@ -235,15 +241,17 @@ class BlockSideChannel(nn.Module):
         gamma = curriculum * self.gate
         last = torch.zeros(self.n_sources, dtype=self.gate.dtype, device=self.gate.device)
         last[-1] = 1.0
+        root = score_root(r.hidden_size, self.gate.device)
         if self.variant == "gamma_free":  # no gate and no curriculum: A_n acts from step 0
-            return BlockTensors(r.query_scaled(), r.bias(), last, a.down.weight, a.up.weight, a.act, self.variant)
-        return BlockTensors(r.query_scaled(), r.bias(), last, a.down.weight, a.up.weight * gamma, a.act, self.variant,
-                            gamma)
+            return BlockTensors(r.query.unsqueeze(0), r.bias(), last, a.down.weight, a.up.weight, a.act, self.variant,
+                                root=root)
+        return BlockTensors(r.query.unsqueeze(0), r.bias(), last, a.down.weight, a.up.weight * gamma, a.act,
+                            self.variant, gamma, root)
 
     def forward(self, sources: torch.Tensor, hidden: torch.Tensor, curriculum: float):
         """(x_n, alpha) for sources h_0..h_{n-1} (B, T, n, d) float32 and h_{n-1} (B, T, d): see `block_input`."""
         t = self.tensors(curriculum)
-        return block_input(t, source_scores(t.query_scaled, sources).squeeze(-1), sources, hidden)
+        return block_input(t, source_scores(t.query, t.bias.unsqueeze(-1), sources, t.root).squeeze(-1), sources, hidden)
 
 
 class SideChannel(nn.Module):
@@ -294,11 +302,15 @@ class SideChannel(nn.Module):
 
         def compute():
             per_block = [blk.tensors(c) for blk in blocks]
-            queries = torch.cat([t.query_scaled for t in per_block])  # (N - 1, d)
+            queries = torch.cat([t.query for t in per_block])  # (N - 1, d)
             # zero rows up to a multiple of 8: a product with 7 output columns runs at a third of the speed of 8 on
             # this CPU's kernels (the router of block n reads column n - 2; the padding's scores are never read)
-            queries = F.pad(queries, (0, 0, 0, -len(blocks) % 8))
-            return PassTensors([None, None] + per_block, queries)
+            pad = -len(blocks) % 8
+            queries = F.pad(queries, (0, 0, 0, pad))
+            # bias[i, n - 2] = w_n . b_i / sqrt(d): state i's input-free term against router n (0 where n cannot read i)
+            bias = torch.stack([F.pad(t.bias, (0, len(blocks) + 1 - len(t.bias))) for t in per_block], -1)
+            bias = F.pad(bias, (0, pad))  # (N, P)
+            return PassTensors([None, None] + per_block, queries, list(bias.unbind(0)), per_block[0].root)
 
         if torch.is_grad_enabled():
             return compute()
@@ -313,6 +325,8 @@ class PassTensors(NamedTuple):
 
     blocks: list
     queries: torch.Tensor
+    bias: list  # bias[i]: state i's input-free score term against every router, (P,)
+    root: torch.Tensor  # `score_root`
 
 
 def count_side_channel_params(hidden_size: int, n_blocks: int, rank: int, shortcut_rank: int | None = None) -> int:
