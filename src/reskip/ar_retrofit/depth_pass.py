@@ -134,12 +134,11 @@ class DepthPass:
     def _grow_buffer(self, n: int):
         """Inference: the sources and their scores as views of one buffer each per pass, each state written once."""
         fs, pt = self.float_states, self.tensors
-        queries = pt.queries
         if self.buffer is None:
             h0 = self.states[0]
             shape = (*h0.shape[:-1], self.n_blocks)
             self.buffer = (h0.new_empty(*shape, h0.shape[-1], dtype=torch.float32),
-                           h0.new_empty(*shape, queries.shape[0], dtype=torch.float32))
+                           h0.new_empty(*shape, pt.queries.shape[0], dtype=torch.float32))
             for k, (f, sc) in enumerate(zip(fs, self.scores)):  # a replayed prefix's states, scored already
                 self.buffer[0][..., k, :].copy_(f)
                 self.buffer[1][..., k, :].copy_(sc)
@@ -149,7 +148,7 @@ class DepthPass:
             slot = values[..., k, :]  # (B, T, d)
             slot.copy_(self.states[k])
             fs.append(slot)
-            self.scores.append(source_scores(queries, pt.bias[k], slot, pt.root, out=scores[..., k, :]))  # (B, T, P)
+            self.scores.append(source_scores(pt.queries, pt.bias[k], slot, pt.root, out=scores[..., k, :]))  # (B, T, P)
         return scores[..., :n, n - 2], values[..., :n, :]
 
     def skipped_output(self, n: int, x: torch.Tensor) -> torch.Tensor:

@@ -119,7 +119,6 @@ class DepthRouter(nn.Module):
         self.query = nn.Parameter(w)  # w_n: (d,)
         self.source_bias = nn.Parameter(b)  # b_i: (n_sources, d)
 
-
     def bias(self) -> torch.Tensor:
         """w . b_i / sqrt(d) for every source, (n_sources,); it does not depend on the input."""
         return (self.source_bias @ self.query) * (1.0 / math.sqrt(self.hidden_size))
