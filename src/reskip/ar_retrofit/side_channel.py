@@ -118,6 +118,8 @@ class DepthRouter(nn.Module):
         b[-1] = config.prev_logit_init * math.sqrt(hidden_size) * w / w.dot(w)
         self.query = nn.Parameter(w)  # w_n: (d,)
         self.source_bias = nn.Parameter(b)  # b_i: (n_sources, d)
+        # a constant of the model's width, made once and moved with the module (not one host copy per pass)
+        self.register_buffer("root", score_root(hidden_size, None), persistent=False)
 
     def bias(self) -> torch.Tensor:
         """w . b_i / sqrt(d) for every source, (n_sources,); it does not depend on the input."""
@@ -125,8 +127,7 @@ class DepthRouter(nn.Module):
 
     def logits(self, sources: torch.Tensor) -> torch.Tensor:
         """(B, T, n, d) -> (B, T, n)."""
-        root = score_root(self.hidden_size, sources.device)
-        return source_scores(self.query.unsqueeze(0), self.bias().unsqueeze(-1), sources, root).squeeze(-1)
+        return source_scores(self.query.unsqueeze(0), self.bias().unsqueeze(-1), sources, self.root).squeeze(-1)
 
     def forward(self, sources: torch.Tensor) -> torch.Tensor:
         return self.logits(sources).softmax(dim=-1)
@@ -178,7 +179,7 @@ class BlockTensors(NamedTuple):
     act: Callable[[torch.Tensor], torch.Tensor]
     variant: str = "recipe"
     gamma: torch.Tensor | None = None  # gamma_n = c(t) g_n, a scalar: only `interpolate` reads it
-    root: torch.Tensor | None = None  # `score_root`
+    root: torch.Tensor | None = None  # `score_root`, the router's buffer
 
 
 def block_input(t: BlockTensors, scores: torch.Tensor, sources, hidden: torch.Tensor):
@@ -240,12 +241,11 @@ class BlockSideChannel(nn.Module):
         gamma = curriculum * self.gate
         last = torch.zeros(self.n_sources, dtype=self.gate.dtype, device=self.gate.device)
         last[-1] = 1.0
-        root = score_root(r.hidden_size, self.gate.device)
         if self.variant == "gamma_free":  # no gate and no curriculum: A_n acts from step 0
             return BlockTensors(r.query.unsqueeze(0), r.bias(), last, a.down.weight, a.up.weight, a.act, self.variant,
-                                root=root)
+                                root=r.root)
         return BlockTensors(r.query.unsqueeze(0), r.bias(), last, a.down.weight, a.up.weight * gamma, a.act,
-                            self.variant, gamma, root)
+                            self.variant, gamma, r.root)
 
     def forward(self, sources: torch.Tensor, hidden: torch.Tensor, curriculum: float):
         """(x_n, alpha) for sources h_0..h_{n-1} (B, T, n, d) float32 and h_{n-1} (B, T, d): see `block_input`."""
