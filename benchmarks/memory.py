@@ -46,6 +46,7 @@ from reskip.data.packing import Packed
 from reskip.evaluate.methods import Method, evaluate_methods
 from reskip.calibrate.calibration import calibrate
 from reskip.skip.policies import NoSkip, StaticSkip
+from reskip.skip.spec import Spec
 from reskip.train_config import TrainConfig
 from reskip.train.objective import RetrofitObjective
 from reskip.train.validation import validation_metrics
@@ -185,8 +186,10 @@ def main(argv=None):
 
     def eval_sequence():
         one = Packed(data.input_ids[:1].to(args.device), data.labels[:1].to(args.device), ["x"])
-        evaluate_methods(rm, one, [Method("backbone", None), Method("retrofit", NoSkip()),
-                                   Method("static:1", StaticSkip({2}))], window=1, chunk_size=32)
+        evaluate_methods(rm, one, [Method("backbone", None, Spec("backbone", "backbone")),
+                                   Method("retrofit", NoSkip(), Spec("none", "retrofit")),
+                                   Method("static:1", StaticSkip({2}), Spec("static", "static:1", k=1))],
+                         window=1, chunk_size=32)
 
     cases = {}
     with rm.side_channel_disabled():

@@ -20,7 +20,7 @@ from reskip.calibrate.stage import format_policy
 from reskip.skip.policies import RandomSkip, ReSkip, StaticSkip, plan
 from reskip.skip.scoring import score
 from reskip.skip.policy_file import PolicyError
-from reskip.skip.spec import METHOD_KINDS, SpecError, parse_spec
+from reskip.skip.spec import METHOD_KINDS, Spec, SpecError, parse_spec
 
 
 def test_chunk_ends_and_step_positions():
@@ -123,7 +123,7 @@ def test_frontier_is_what_eval_measures(budgeted):
         assert pts[-1]["share"] == 1.0
         assert pts[-1]["cost"] == pytest.approx(math.log(pf.blocks[int(n)]["A"]), abs=1e-5)
     specs = [parse_spec(f"reskip:budget={p['budget']:g}") for p in b["frontier"]]
-    methods = [Method("retrofit", parse_methods([parse_spec("none")], pf)[0].policy)]
+    methods = [Method("retrofit", parse_methods([parse_spec("none")], pf)[0].policy, parse_spec("none"))]
     methods += parse_methods(specs, pf)
     res = evaluate_methods(rm, data, methods, window=4, chunk_size=8)
     for p in b["frontier"]:
@@ -161,13 +161,15 @@ def test_identical_decisions_are_scored_once_with_the_same_figures(budgeted):
     rm, pf, data = budgeted
 
     def methods():
-        return [Method("backbone", None), Method("static", StaticSkip({3})),
-                Method("always", ReSkip({}, {3}, 1, always=frozenset({3}))),
-                Method("mix", StaticSkip(set(), partial=3, fraction=0.5)), Method("random", RandomSkip(0.3, {2, 3}))]
+        return [Method("backbone", None, Spec("backbone", "backbone")),
+                Method("static", StaticSkip({3}), Spec("static", "static", k=1)),
+                Method("always", ReSkip({}, {3}, 1, always=frozenset({3})), Spec("reskip", "always")),
+                Method("mix", StaticSkip(set(), partial=3, fraction=0.5), Spec("static", "mix", k=0.5)),
+                Method("random", RandomSkip(0.3, {2, 3}), Spec("random", "random", p=0.3))]
 
     together = evaluate_methods(rm, data, methods(), window=4, chunk_size=8)
     for m in methods()[1:]:
-        alone = evaluate_methods(rm, data, [Method("backbone", None), m], window=4, chunk_size=8)[m.name]
+        alone = evaluate_methods(rm, data, [methods()[0], m], window=4, chunk_size=8)[m.name]
         assert {k: v for k, v in alone.items() if k != "wall_s"} == \
             {k: v for k, v in together[m.name].items() if k != "wall_s"}, m.name
     assert together["always"]["wall_s"] < together["static"]["wall_s"] / 10

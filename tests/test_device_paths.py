@@ -113,7 +113,8 @@ def test_the_training_loops_on_the_device(tmp_path, monkeypatch):
     import reskip.baselines.train as lora_train
     import reskip.train.loop as loop
     from helpers import save_tiny, write_corpus
-    from reskip.baselines.train import LoraArm, train_lora
+    from reskip.baselines.arms import LoraArm
+    from reskip.baselines.train import train_lora
     from reskip.train_config import TrainConfig
 
     sim = SimulatedDevice()

@@ -13,6 +13,7 @@ from reskip.data.packing import Packed
 from reskip.evaluate.methods import Method, References, EvalContext, Tally, _tally_of, evaluate_methods
 from reskip.losses import ce_sum, head_logits, kl_sum, teacher_targets
 from reskip.skip.policies import StaticSkip
+from reskip.skip.spec import Spec
 
 
 def _refs(T=11, V=37, seed=0):
@@ -40,13 +41,13 @@ def _whole(z, ref) -> Tally:
 def test_metrics_in_slices_equal_the_whole_logits_formulas(chunk):
     ref, z = _refs()
     want = _whole(z, ref)
-    got = _tally_of(z, ref, [[1], []], [6, 5], False, lambda s, l: (1.0, 2.0), chunk=chunk)
+    got = _tally_of(z, ref, [[1], []], [6, 5], "policy", lambda s, l: (1.0, 2.0), chunk=chunk)
     assert got.margin_holds > 0 and got.changed > 0  # the check is exercised, not vacuous
     assert (got.agree, got.margin_holds, got.changed_where_holds, got.changed) == (
         want.agree, want.margin_holds, want.changed_where_holds, want.changed)
     assert got.ce == pytest.approx(want.ce, rel=1e-6) and got.kl == pytest.approx(want.kl, rel=1e-5, abs=1e-5)
     assert got.targets == 10 - 2 and got.positions == 11 and got.skipped_per_step == [1, 0]
-    back = _tally_of(ref.z_back, ref, [[]], [11], True, lambda s, l: (1.0, 1.0), chunk=chunk)
+    back = _tally_of(ref.z_back, ref, [[]], [11], "backbone", lambda s, l: (1.0, 1.0), chunk=chunk)
     assert back.ce == pytest.approx(ce_sum(ref.z_back, ref.labels).item(), rel=1e-6)
     assert back.agree == 11 and back.kl == 0.0 and not back.margin_measured
 
@@ -78,7 +79,8 @@ def test_matched_baselines_reuse_the_references_hidden_states(monkeypatch):
     rm = _rm("llama")
     ids = torch.randint(3, VOCAB, (6, 16), generator=torch.Generator().manual_seed(3))
     data = Packed(ids, ids.clone(), ["tiny"] * 6)
-    methods = [Method("backbone", None), Method("static:2", StaticSkip({2}))]
+    methods = [Method("backbone", None, Spec("backbone", "backbone")),
+               Method("static:2", StaticSkip({2}), Spec("static", "static:2", k=2))]
     calls = []
     forward = rm.forward
 
@@ -107,7 +109,7 @@ def test_cross_entropy_matches_float64_on_a_large_vocabulary():
     z = torch.randn(1, T, V, generator=g) * 4 + torch.randn(1, 1, V, generator=g) * 3
     labels = torch.randint(0, V, (1, T), generator=g)
     ref = References(labels, z, teacher_targets(z), z.argmax(-1), z, z.argmax(-1), torch.ones(1, T))
-    got = _tally_of(z, ref, [[]], [T], True, lambda s, l: (1.0, 1.0), chunk=5)
+    got = _tally_of(z, ref, [[]], [T], "backbone", lambda s, l: (1.0, 1.0), chunk=5)
     z64, t = z[0, :-1].double(), labels[0, 1:]
     want = (z64.logsumexp(-1) - z64.gather(-1, t[:, None])[:, 0]).sum().item()
     assert abs(got.ce - want) / want < 1e-7

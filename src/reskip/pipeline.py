@@ -73,8 +73,9 @@ class PipelineConfig(RunOptions):
         # The budgeted policy is the run's ReSkip (calibrate stores the frontier); every method is
         # also measured on the held-out source, with the thresholds calibrated on the run's data.
         heldout = [s for s in HELDOUT if s not in self.data]
-        return EvalOptions(quiet=True, dtype=self.dtype, device=self.device, mc_methods=parse_specs(list(MC_METHODS), METHOD_KINDS), heldout=heldout or None,
-                           **PRESETS[self.preset]["eval"])
+        return EvalOptions(quiet=True, dtype=self.dtype, device=self.device,
+                           mc_methods=parse_specs(list(MC_METHODS), METHOD_KINDS), heldout=heldout or None,
+                           calib_sequences=PRESETS[self.preset]["calibrate"]["sequences"], **PRESETS[self.preset]["eval"])
 
     def diagnose_options(self) -> DiagnoseOptions:
         return DiagnoseOptions(dtype=self.dtype, device=self.device, **PRESETS[self.preset]["diagnose"])

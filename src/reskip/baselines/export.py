@@ -7,13 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..io_atomic import atomic_folder
-from .train import load_lora_run, read_arm
+from .arms import load_arm_model, read_arm
 
 
 def export_run(run_dir: Path, out: Path, dtype: str = "float32") -> Path:
     """Write the run's merged model and its tokenizer to `out` (a folder written whole or not at all)."""
     read_arm(run_dir)  # not a baseline run: one clear error before the model loads
-    model, tokenizer = load_lora_run(run_dir, dtype)
+    model, tokenizer = load_arm_model(run_dir, dtype)
     merged = model.merge_and_unload()
     # a GGUF-loaded backbone keeps its quantizer's record; the merged weights are plain tensors
     merged.hf_quantizer = None

@@ -19,14 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import yaml
 from peft import PeftModel, set_peft_model_state_dict
 from safetensors.torch import load_file
 
 from ..backbones.devices import device_name, model_device
 from ..backbones.dtypes import resolve_dtype_name
 from ..backbones.loading import load_backbone
-from ..config_fields import described
 from ..data.packing import Packed
 from ..data.sources import load_splits
 from ..errors import ReskipError
@@ -34,34 +32,20 @@ from ..io_atomic import atomic_folder, atomic_write_json, atomic_write_text
 from .. import compat
 from ..losses import ce_sum, ce_tokens, head_ce
 from ..progress import Progress
-from ..reading import read_json, read_yaml
+from ..reading import read_json
 from ..run_lock import writing
 from ..runs import RunFolder
-from ..train_config import TrainConfig, load_yaml
+from ..train_config import TrainConfig
 from ..train.log import append_record, last_eval, read_log, records, truncate_after
 from ..train.checkpoint import latest_checkpoint
 from ..train.loop import check_against_backbone, prepare_data
 from ..train.schedules import learning_rate
 from ..lora_ranks import matched_lora_config
+from .arms import LoraArm, arm_config_text, read_arm
 from .lora import add_lora, trainable_parameters
 from .pruning import prune
 
 STATE_NAME = "trainer_state.pt"
-
-
-@dataclass
-class LoraArm:
-    """What a baseline trains, beside the shared TrainConfig (`TrainConfig.lr` etc.; its retrofit keys unused)."""
-
-    params: int = described(help="trainable parameters to match (the side-channel's count on this backbone)",
-                            default=0)
-    drop_layers: list[int] = described(help="decoder layers removed before healing (empty: a plain LoRA)",
-                                       default_factory=list)
-    drop_blocks: list[int] = described(help="the blocks those layers form (for the record)", default_factory=list)
-
-
-def arm_config_text(cfg: TrainConfig, arm: LoraArm) -> str:
-    return yaml.safe_dump({"train": cfg.to_dict(), "lora": dataclasses.asdict(arm)}, sort_keys=False)
 
 
 @torch.no_grad()
@@ -237,24 +221,3 @@ def _finish(run: LoraRun, wall_s: float) -> dict:
     atomic_folder(run.files.adapter, lambda tmp: run.model.save_pretrained(tmp))
     atomic_write_json(run.files.summary, summary)
     return summary
-
-
-def read_arm(run_dir: Path) -> tuple[TrainConfig, LoraArm]:
-    """A baseline run's config.yaml -> (TrainConfig, LoraArm)."""
-    data = read_yaml(RunFolder(run_dir).config, load_yaml)
-    if not isinstance(data, dict) or not {"train", "lora"} <= set(data):
-        raise ReskipError(f"{run_dir} is not a finished baseline run: its config.yaml has no train: and lora: (a "
-                          "LoRA or healed-static arm of `reskip experiment baselines` has)")
-    return TrainConfig.from_dict(data["train"]), LoraArm(**data["lora"])
-
-
-def load_lora_run(run_dir: Path, dtype: str | None = None, device: str = "auto") -> tuple[PeftModel, object]:
-    """A trained baseline run as (model with its LoRA, tokenizer) on `device`: the backbone loaded, pruned as
-    recorded and the PEFT adapter applied."""
-    cfg, arm = read_arm(run_dir)
-    base, tokenizer = load_backbone(cfg.model, dtype or cfg.dtype, cfg.trust_remote_code, device)
-    if arm.drop_layers:
-        prune(base, set(arm.drop_layers))
-    model = PeftModel.from_pretrained(base, RunFolder(run_dir).adapter, autocast_adapter_dtype=True)
-    model.eval()
-    return model, tokenizer

@@ -31,24 +31,44 @@ from ..ar_retrofit.model import ReskipModel
 from ..skip.policies import NoSkip, SkipPolicy, plan
 from ..skip.policy_file import PolicyFile, make_policy
 from ..skip.scoring import score, score_planned_whole, score_rows
-from ..skip.spec import METHOD_GRAMMAR, Spec, parse_spec
+from ..skip.spec import KINDS, METHOD_GRAMMAR, Spec
 from .flops import LayerFlops, executed_share, shortcut_flops
+from .scorers import SCORERS, ModelScorer, ScorerContext, check_model_spec, open_scorer
 
 
 @dataclass
 class Method:
+    """One scored method: its name (as its spec was written), its typed spec, and what computes it: a skip
+    policy on the retrofit, a model of its own (`scorer`, opened by `open_scorers`), or neither (the backbone,
+    whose logits are the references)."""
+
     name: str
-    policy: SkipPolicy | None  # None: the backbone itself (side-channel off)
+    policy: SkipPolicy | None
+    spec: Spec
+    scorer: ModelScorer | None = None
+
+    @property
+    def is_model(self) -> bool:
+        return KINDS[self.spec.kind].opens == "model"
+
+    @property
+    def is_backbone(self) -> bool:
+        return self.spec.kind == "backbone"
+
+    def row(self) -> dict:
+        """What a results row says of the method beside its metrics: its kind and its arguments."""
+        return {"kind": self.spec.kind, "arguments": self.spec.arguments}
 
 
 def parse_methods(specs: list[Spec], policy_file: PolicyFile | None, seed: int = 0) -> list[Method]:
     """Methods from parsed specs (`parse_spec(text, METHOD_KINDS)`); a method is named as its spec
     was written. `budgets` becomes reskip:budget=B for each budget of the policy file's frontier;
-    `matched` is expanded later, once ReSkip's mean skips are known."""
+    `matched` is expanded later, once ReSkip's mean skips are known; a model method's folder is checked here
+    and its model opened later (`open_scorers`)."""
     out: list[Method] = []
     for spec in specs:
         taken = {m.name for m in out}
-        out += [m for m in METHODS.get(spec.kind, _policy_method)(spec, policy_file, seed) if m.name not in taken]
+        out += [m for m in EXPANSIONS.get(spec.kind, _one_method)(spec, policy_file, seed) if m.name not in taken]
     return out
 
 
@@ -58,26 +78,41 @@ def _budget_methods(spec: Spec, policy_file: PolicyFile | None, seed: int) -> li
     if not policy_file.budgets():
         print("note: the policy file has no budget frontier, so 'budgets' adds no method "
               "(calibrate with --budgets to store one)", file=sys.stderr)
-    return [Method(f"reskip:budget={b:g}", policy_file.budget(b)) for b in policy_file.budgets()]
+    return [Method(f"reskip:budget={b:g}", policy_file.budget(b), Spec("reskip", f"reskip:budget={b:g}", budget=b))
+            for b in policy_file.budgets()]
 
 
 def _placeholder(spec: Spec, policy_file: PolicyFile | None, seed: int) -> list[Method]:
-    return [Method(spec.text, None)]
+    return [Method(spec.text, None, spec)]
 
 
-def _policy_method(spec: Spec, policy_file: PolicyFile | None, seed: int) -> list[Method]:
+def _one_method(spec: Spec, policy_file: PolicyFile | None, seed: int) -> list[Method]:
+    if KINDS[spec.kind].opens != "policy":  # the backbone, or a model of its own
+        if spec.kind in SCORERS:
+            check_model_spec(spec)
+        return [Method(spec.text, None, spec)]
     if spec.needs_policy_file and policy_file is None:
         raise ReskipError(f"method {spec.text!r} needs policy.json: run `reskip calibrate` first")
     try:
-        return [Method(spec.text, make_policy(spec, policy_file, seed))]
+        return [Method(spec.text, make_policy(spec, policy_file, seed), spec)]
     except ReskipError as e:
         raise ReskipError(f"{e} (methods: {METHOD_GRAMMAR})") from e
 
 
-# The method-only kinds of `spec.KINDS` (every policy kind is its policy): `budgets` is one method per point of
-# the policy file's frontier; `backbone` runs with the side-channel off; `matched` is expanded once ReSkip's mean
-# skips are known.
-METHODS = {"budgets": _budget_methods, "backbone": _placeholder, "matched": _placeholder}
+# The kinds of `spec.KINDS` that open as `expands`: `budgets` is one method per point of the policy file's
+# frontier; `matched` is expanded once ReSkip's mean skips are known. Every other kind is one method.
+EXPANSIONS = {"budgets": _budget_methods, "matched": _placeholder}
+
+
+def open_scorers(methods: list[Method], ctx: ScorerContext, opened: dict | None = None) -> dict[str, ModelScorer]:
+    """Open each model method's model (once per spec: `opened` holds those already open) and attach it."""
+    opened = {} if opened is None else opened
+    for m in methods:
+        if m.is_model and not m.is_backbone:
+            if m.name not in opened:
+                opened[m.name] = open_scorer(m.spec, ctx)
+            m.scorer = opened[m.name]
+    return opened
 
 
 def matched_methods(policy_file: PolicyFile, mean_skips: float, seed: int = 0) -> list[Method]:
@@ -88,13 +123,13 @@ def matched_methods(policy_file: PolicyFile, mean_skips: float, seed: int = 0) -
     k = int(k) if k == int(k) else k
     out = []
     if k <= len(eligible):
-        out.append(Method(f"static:{k:g}", policy_file.static(k)))
+        out.append(Method(f"static:{k:g}", policy_file.static(k), Spec("static", f"static:{k:g}", k=k)))
     if k <= len(policy_file.blocks):
-        out.append(Method(f"influence:{k:g}", policy_file.influence(k)))
+        out.append(Method(f"influence:{k:g}", policy_file.influence(k), Spec("influence", f"influence:{k:g}", k=k)))
     if eligible:
-        p = min(1.0, mean_skips / len(eligible))
-        spec = parse_spec(f"random:{p:.3f}")
-        out.append(Method(spec.text, make_policy(spec, policy_file, seed)))
+        p = round(min(1.0, mean_skips / len(eligible)), 3)
+        spec = Spec("random", f"random:{p:.3f}", p=p)
+        out.append(Method(spec.text, make_policy(spec, policy_file, seed), spec))
     return out
 
 
@@ -113,18 +148,23 @@ class Tally:
     skipped_per_step: list[int] = field(default_factory=list)
     margin_measured: bool = False
     seconds: float = 0.0  # wall time of this method's own passes and metrics
-    # per sequence, in order: NLL summed over its labelled targets, and their count (for bootstrap intervals)
+    # per sequence, in order (for bootstrap intervals): NLL summed over its labelled targets and their count;
+    # KL to the backbone summed over its positions, the positions whose top-1 agrees with the backbone's, and
+    # their count
     sequence_nll: list[float] = field(default_factory=list)
     sequence_targets: list[int] = field(default_factory=list)
+    sequence_kl: list[float] = field(default_factory=list)
+    sequence_agree: list[int] = field(default_factory=list)
+    sequence_positions: list[int] = field(default_factory=list)
 
     def add(self, other: "Tally") -> None:
         """Fold one sequence's tally into this one (its wall time excluded: the caller times)."""
         for name in ("ce", "targets", "positions", "agree", "kl", "margin_holds", "changed_where_holds", "changed",
                      "executed", "dense"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
-        self.skipped_per_step.extend(other.skipped_per_step)
-        self.sequence_nll.extend(other.sequence_nll)
-        self.sequence_targets.extend(other.sequence_targets)
+        for name in ("skipped_per_step", "sequence_nll", "sequence_targets", "sequence_kl", "sequence_agree",
+                     "sequence_positions"):
+            getattr(self, name).extend(getattr(other, name))
         self.margin_measured = self.margin_measured or other.margin_measured
 
     def result(self, ppl_backbone: float | None, n_blocks: int) -> dict:
@@ -146,7 +186,9 @@ class Tally:
             "top1_change_rate": self.changed / self.positions if self.margin_measured else None,
             "tokens": self.positions,
             "wall_s": self.seconds,
-            "per_sequence": {"nll": list(self.sequence_nll), "targets": list(self.sequence_targets)},
+            "per_sequence": {"nll": list(self.sequence_nll), "targets": list(self.sequence_targets),
+                             "kl": list(self.sequence_kl), "agree": list(self.sequence_agree),
+                             "positions": list(self.sequence_positions)},
         }
 
 
@@ -172,9 +214,9 @@ def _chunk_positions(vocab: int) -> int:
 
 def _chunk_metrics(z, targets, back_top1, p, z_full, full_top1, margin) -> tuple[torch.Tensor, ...]:
     """One slice of positions' sums for a method's logits z (c, V) in any dtype, read in float32: cross-entropy
-    over the labelled positions, top-1 agreement with the backbone; with the teacher p (c, V) and the retrofit's
-    own logits z_full (c, V), also KL's logsumexp(z) - sum_v p z part, the positions where the margin condition
-    2 eps < Delta holds, where it holds and top-1 changed, and where top-1 changed. Compiled where it pays
+    over the labelled positions, top-1 agreement with the backbone; with the teacher p (c, V), also KL's
+    logsumexp(z) - sum_v p z part; with the retrofit's own logits z_full (c, V), also the positions where the margin
+    condition 2 eps < Delta holds, where it holds and top-1 changed, and where top-1 changed. Compiled where it pays
     (`fusion.fused`): the (c, V) float32 copy and the temporaries are then never written."""
     zf = z.float()
     lse = zf.logsumexp(-1)  # (c,)
@@ -187,18 +229,27 @@ def _chunk_metrics(z, targets, back_top1, p, z_full, full_top1, margin) -> tuple
         return ce, agree
     # KL(p || q) = sum_v p log p - sum_v p z + logsumexp(z), as sum_v p = 1 (see `kl_sum`)
     kl = lse.sum() - torch.linalg.vecdot(p, zf).sum()
+    if z_full is None:
+        return ce, agree, kl
     eps = (zf - z_full).abs().amax(-1)  # (c,)
     holds = 2 * eps < margin
     changed = top1 != full_top1
     return ce, agree, kl, holds.sum(), (holds & changed).sum(), changed.sum()
 
 
-def _tally_of(z: torch.Tensor, ref: References, skipped: list, lengths: list, is_backbone: bool, cost,
+# What a method's logits are read against: the backbone itself (no KL, no margin), a skip policy on the retrofit
+# (KL and the margin check against the retrofit's own logits), a model of its own (KL; the margin check is the
+# retrofit's and does not apply)
+MEASURES = {"backbone": (False, False), "policy": (True, True), "model": (True, False)}
+
+
+def _tally_of(z: torch.Tensor, ref: References, skipped: list, lengths: list, measure: str, cost,
               chunk: int | None = None) -> Tally:
     """One sequence's metrics of logits z (1, T, V), `chunk` positions at a time: `kl_sum`'s formula, and
     cross-entropy as logsumexp(z) - z[target], within 1e-7 of float64 (2-10e-8 measured) where torch's
-    float32 `cross_entropy` (`ce_sum`) reads 2-4e-6 low on a 49k vocabulary. cost: (executed, dense)
-    layer FLOPs of its steps."""
+    float32 `cross_entropy` (`ce_sum`) reads 2-4e-6 low on a 49k vocabulary. measure: a key of `MEASURES`.
+    cost: (executed, dense) layer FLOPs of its steps."""
+    with_kl, with_margin = MEASURES[measure]
     t = Tally()
     targets = next_token_targets(ref.labels)[0]  # (T,)
     t.targets = int((ref.labels[:, 1:] != -100).sum())
@@ -210,21 +261,23 @@ def _tally_of(z: torch.Tensor, ref: References, skipped: list, lengths: list, is
     metrics = fused(_chunk_metrics, z[0].numel(), dynamic=True)
     for s in range(0, z.shape[1], c):
         sl = slice(s, s + c)
-        m = metrics(z[0, sl], targets[sl], ref.back_top1[0, sl], None if is_backbone else p[0, sl],
-                    None if is_backbone else ref.z_full[0, sl], ref.full_top1[0, sl], ref.margin[0, sl])
+        m = metrics(z[0, sl], targets[sl], ref.back_top1[0, sl], p[0, sl] if with_kl else None,
+                    ref.z_full[0, sl] if with_margin else None, ref.full_top1[0, sl], ref.margin[0, sl])
         ce += m[0].item()
         t.agree += int(m[1])
-        if is_backbone:  # the backbone's KL to itself is 0 exactly, and it has no margin check
+        if not with_kl:  # the backbone's KL to itself is 0 exactly, and it has no margin check
             continue
         kl += m[2].item()
-        t.margin_holds += int(m[3])
-        t.changed_where_holds += int(m[4])
-        t.changed += int(m[5])
+        if with_margin:
+            t.margin_holds += int(m[3])
+            t.changed_where_holds += int(m[4])
+            t.changed += int(m[5])
     t.ce = ce
-    t.sequence_nll, t.sequence_targets = [ce], [t.targets]
-    if not is_backbone:
+    if with_kl:
         t.kl = neg_entropy.item() + kl
-        t.margin_measured = True
+    t.margin_measured = with_margin
+    t.sequence_nll, t.sequence_targets = [ce], [t.targets]
+    t.sequence_kl, t.sequence_agree, t.sequence_positions = [t.kl], [t.agree], [t.positions]
     t.executed, t.dense = cost(skipped, lengths)
     t.skipped_per_step = [len(s) for s in skipped]
     return t
@@ -286,10 +339,12 @@ class EvalContext:
     def tallies(self, method: Method, rows: list[int], refs: dict[int, References]) -> list[Tally]:
         """The method's tally on each sequence of `rows`, in order; planned decisions are scored in one batch."""
         model, T = self.model, self.data.input_ids.shape[1]
-        if method.policy is None:  # the backbone: its logits are the reference, computed once
-            return [_tally_of(refs[i].z_back, refs[i], [[]], [T], True, self.cost) for i in rows]
+        if method.is_backbone:  # its logits are the reference, computed once
+            return [_tally_of(refs[i].z_back, refs[i], [[]], [T], "backbone", self.cost) for i in rows]
+        if method.is_model:
+            return self._model_tallies(method.scorer, rows, refs)
         if isinstance(method.policy, NoSkip):  # one pass, nothing skipped
-            return [_tally_of(refs[i].z_full, refs[i], [[]], [T], False, self.cost) for i in rows]
+            return [_tally_of(refs[i].z_full, refs[i], [[]], [T], "policy", self.cost) for i in rows]
         n_steps = 1 if self.chunk_size >= T else math.ceil(T / self.chunk_size)
         # Asked in sequence order, so a policy's state (a mix's counter, a random draw) advances as before.
         plans = {i: plan(method.policy, model.n_blocks, n_steps) for i in rows}
@@ -306,7 +361,7 @@ class EvalContext:
         out = []
         for i, (z, trace) in zip(rows, scored):
             skipped = [t.skipped for t in trace]
-            one = _tally_of(z, refs[i], skipped, [t.length for t in trace], False, self.cost)
+            one = _tally_of(z, refs[i], skipped, [t.length for t in trace], "policy", self.cost)
             self.seen[(i, _decisions(skipped))] = one
             out.append(one)
         return out
@@ -321,8 +376,22 @@ class EvalContext:
                                             self.chunk_size)
             for b, i in enumerate(new):
                 self.seen[keys[i]] = _tally_of(z[b : b + 1], refs[i], [t.skipped for t in traces[b]],
-                                               [t.length for t in traces[b]], False, self.cost)
+                                               [t.length for t in traces[b]], "policy", self.cost)
         return [self.seen[keys[i]] for i in rows]
+
+    def _model_tallies(self, scorer: ModelScorer | None, rows: list[int], refs: dict[int, References]) -> list[Tally]:
+        """A model of its own: the group in one batch and one cache-free pass; its blocks removed at every step,
+        its compute the layers it keeps."""
+        if scorer is None:
+            raise ReskipError("a model method is scored after `open_scorers` has opened its model")
+        T = self.data.input_ids.shape[1]
+        z = scorer.logits(self.data.input_ids[rows])  # (G, T, V)
+
+        def cost(skipped, lengths):
+            return sum(lengths) * scorer.executed_share, float(sum(lengths))
+
+        return [_tally_of(z[b : b + 1], refs[i], [list(scorer.dropped_blocks)], [T], "model", cost)
+                for b, i in enumerate(rows)]
 
 
 @torch.no_grad()
@@ -337,8 +406,8 @@ def evaluate_methods(model: ReskipModel, data: Packed, methods: list[Method], wi
     the routers' signal scores the group in one batch too, each row making its own decisions as it goes
     (`scoring.score_rows`; one sequence at a time for a policy that is not `pure`)."""
     context = _context or EvalContext.of(model, data, window, chunk_size)
-    expand = any(m.name == "matched" for m in methods)
-    methods = [m for m in methods if m.name != "matched"]
+    expand = any(m.spec.kind == "matched" for m in methods)
+    methods = [m for m in methods if m.spec.kind != "matched"]
     tallies = {m.name: Tally() for m in methods}
     model.eval()
     for g in range(0, len(data), group):
@@ -353,7 +422,7 @@ def evaluate_methods(model: ReskipModel, data: Packed, methods: list[Method], wi
         if progress is not None:
             progress(rows[-1] + 1, len(data))
     ppl_backbone = math.exp(tallies["backbone"].ce / tallies["backbone"].targets) if "backbone" in tallies else None
-    results = {name: t.result(ppl_backbone, model.n_blocks) for name, t in tallies.items()}
+    results = {m.name: {**m.row(), **tallies[m.name].result(ppl_backbone, model.n_blocks)} for m in methods}
     if expand and policy_file is not None:
         _add_matched(results, context, policy_file, seed, group)
     return results
@@ -364,12 +433,13 @@ def _add_matched(results: dict, context: EvalContext, policy_file: PolicyFile, s
     round that reuses the first round's hidden states and tallies."""
     extra = []
     for name, r in list(results.items()):
-        if name.startswith(("reskip", "sequence")) and r["mean_skipped"] > 0:  # nothing to match when ReSkip never skips
+        if KINDS[r["kind"]].measured_compute and r["mean_skipped"] > 0:  # nothing to match when ReSkip never skips
             extra += [m for m in matched_methods(policy_file, r["mean_skipped"], seed) if m.name not in results
                       and m.name not in {e.name for e in extra}]
     if not extra:
         return
-    more = evaluate_methods(context.model, context.data, [Method("backbone", None), *extra], context.window,
+    backbone = Method("backbone", None, Spec("backbone", "backbone"))
+    more = evaluate_methods(context.model, context.data, [backbone, *extra], context.window,
                             context.chunk_size, None, seed, group=group, _context=context)
     for m in extra:
         # `more` holds its own backbone row over the same sequences, so its ratios already hold

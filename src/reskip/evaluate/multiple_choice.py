@@ -13,6 +13,8 @@ a skip policy. Chance level is reported beside every score.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import importlib.util
 import json
 import random
@@ -25,6 +27,7 @@ import torch
 from ..cache import cache_root, sha256_file
 from ..errors import ReskipError
 from ..io_atomic import atomic_write_json
+from ..ar_retrofit.model import ReskipModel
 from ..skip.policies import NoSkip
 from ..skip.scoring import on_model, score
 
@@ -110,7 +113,8 @@ def load_benchmark(name: str, limit: int | None, seed: int = 0) -> list[Question
 
 @torch.no_grad()
 def mc_accuracy(model, tokenizer, questions: list[Question], policy, window: int) -> dict:
-    """policy None: the backbone (side-channel off); else the retrofit under `policy`."""
+    """policy None: the backbone (side-channel off), or a model of its own as it is; else the retrofit under
+    `policy`."""
     correct = correct_norm = 0
     chance = 0.0
     for q in questions:
@@ -131,10 +135,11 @@ def mc_accuracy(model, tokenizer, questions: list[Question], policy, window: int
 
 
 def _logits(model, ids: torch.Tensor, policy, window: int, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """(B, T, V): the backbone's (policy None: side-channel off) or the retrofit's under `policy`, one step."""
+    """(B, T, V): the backbone's (policy None: side-channel off), a plain or PEFT model's of its own (policy
+    None), or the retrofit's under `policy`, one step."""
     ids, mask = on_model(model, ids, mask)
     if policy is None:
-        with model.side_channel_disabled():
+        with model.side_channel_disabled() if isinstance(model, ReskipModel) else nullcontext():
             return model(input_ids=ids, attention_mask=mask, use_cache=False).logits
     return score(model, ids, policy, window, attention_mask=mask)[0]
 

@@ -31,6 +31,8 @@ class EvalOptions(StageOptions):
     mc_methods: list[Spec] = described(default_factory=lambda: _specs(DEFAULT_MC_METHODS),
                                        help="the methods the multiple-choice benchmarks are answered with")
     mc_limit: int = described(50, "questions per benchmark (a deterministic sample)", low=1)
+    calib_sequences: int = described(32, "calibration sequences that rank the backbone's blocks for pruned:K "
+                                         "(its own A(n), as `reskip experiment baselines` ranks them)", low=1)
     chunk_size: int = described(32, "tokens per step when scoring (one skip decision per block and step)", low=1)
     window: int | None = described(None, "W, tokens in w_recent (None: the policy file's)", low=1)
     seed: int = described(0, "the seed of random skipping and of the benchmark sample")

@@ -28,9 +28,10 @@ from ..backbones.dtypes import describe, resolve_dtype_name
 from ..config_fields import check_fields
 from ..errors import ReskipError
 from ..io_atomic import atomic_write_json, atomic_write_text
-from ..skip.spec import METHOD_KINDS, parse_specs
+from ..skip.spec import Spec
 from ..stage_inputs import read_stage_inputs
-from .methods import evaluate_methods, parse_methods
+from .methods import evaluate_methods, open_scorers, parse_methods
+from .scorers import ScorerContext
 from .multiple_choice import load_benchmark, mc_accuracy
 from .options import EvalOptions
 from .tables import markdown
@@ -64,6 +65,11 @@ def evaluate_run(run, options: EvalOptions = EvalOptions()) -> Path:
     model, tok, window = opened.model, opened.tokenizer, opened.window
     seq_len, record = inputs.seq_len, inputs.record
     data = pack(tok, inputs.splits["test"], seq_len, options.sequences, seed=0)
+    scorer_context = ScorerContext(
+        options.model or source.model_name, opened.dtype, opened.device, options.trust_remote_code,
+        [list(b) for b in model.blocks],
+        lambda: pack(tok, inputs.splits["calib"], seq_len, options.calib_sequences, seed=0))
+    scorers = open_scorers([*methods, *mc_methods], scorer_context)
 
     def run_methods(packed, method_list, desc: str) -> dict[str, dict]:
         bar = tqdm(total=len(packed), desc=desc, unit="seq", disable=options.quiet)
@@ -79,7 +85,7 @@ def evaluate_run(run, options: EvalOptions = EvalOptions()) -> Path:
     for m in mc_methods:
         for b, qs in questions.items():
             print(f"[eval] {b} with {m.name} ({len(qs)} questions)", flush=True)
-            mc.setdefault(m.name, {})[b] = mc_accuracy(model, tok, qs, m.policy, window)
+            mc.setdefault(m.name, {})[b] = mc_accuracy(m.scorer.model if m.scorer else model, tok, qs, m.policy, window)
     out = {
         "meta": {"adapter": str(source.adapter_dir), "policy": str(source.policy_path) if policy_file else None,
                  "sequences": len(data), "seq_len": seq_len, "chunk_size": options.chunk_size, "window": window,
@@ -94,8 +100,10 @@ def evaluate_run(run, options: EvalOptions = EvalOptions()) -> Path:
         # the same methods by name, the matched ones included (already expanded in `results`), and static,
         # influence and random matched anew at the skips each ReSkip point measures on this source (its
         # thresholds drift there: compared at the compute it actually spends)
-        again = list(results) + (["matched"] if any(s.kind == "matched" for s in options.methods) else [])
-        held_methods = parse_methods(parse_specs(again, METHOD_KINDS), policy_file, options.seed)
+        again = [Spec(r["kind"], name, **r["arguments"]) for name, r in results.items()]
+        again += [Spec("matched", "matched")] if any(s.kind == "matched" for s in options.methods) else []
+        held_methods = parse_methods(again, policy_file, options.seed)
+        open_scorers(held_methods, scorer_context, scorers)
         print(f"[eval] {len(held_methods)} methods on {len(held)} held-out sequences ({', '.join(options.heldout)})",
               flush=True)
         held_results = run_methods(held, held_methods, "eval held-out")

@@ -33,21 +33,22 @@ import numpy as np
 from ..ar_retrofit.accounting import count_params
 from ..backbones.dtypes import resolve_dtype_name
 from ..backbones.loading import load_backbone, load_config
-from ..baselines.pruning import BlockCosts, backbone_block_costs, prune
-from ..baselines.train import LoraArm, load_lora_run, sequence_nll, train_lora
+from ..baselines.pruning import BlockCosts, backbone_block_costs
+from ..baselines.arms import LoraArm
+from ..baselines.train import train_lora
 from ..data.packing import pack
 from ..data.sources import load_splits
 from ..errors import ReskipError
 from ..evaluate.stage import evaluate_run
 from ..io_atomic import atomic_write, atomic_write_json
-from ..pipeline import HELDOUT, PRESETS, PipelineConfig
+from ..pipeline import PRESETS, PipelineConfig
 from ..reading import read_json
 from ..report.figures import fig_baselines
 from ..runs import RunFolder
 from ..ar_retrofit.config import RetrofitConfig
 from ..analysis.statistics import bootstrap_difference
 from ..skip.policy_file import PolicyFile
-from ..skip.spec import METHOD_KINDS, parse_specs
+from ..skip.spec import KINDS, METHOD_KINDS, parse_specs
 from ..calibrate.stage import calibrate_run
 from ..train_config import TrainConfig
 from ..train.log import read_log, records
@@ -213,79 +214,57 @@ HELD = (1.0, 2.0)  # the budgets also measured with their rate held online
 RECIPE_EVAL = "recipe-eval"  # recipe-eval/<arm>: a recipe-kind arm's eval with the rows the table needs
 
 
-def _recipe_eval(pc: PipelineConfig, folder: Path, arm: str, full: bool) -> dict:
+def _recipe_eval(pc: PipelineConfig, folder: Path, arm: str, full: bool, models: tuple[str, ...] = ()) -> dict:
     """The eval of a recipe-kind arm (calibrated first if it is not): the pipeline's methods with static pruning
     at exactly 1 and 2 blocks per step, and for the recipe itself (`full`) the held budgets and per-sequence
-    selection too; on kjv the baselines matched again at the skips each method spends there."""
+    selection too; on kjv the baselines matched again at the skips each method spends there. `models`: the
+    trained methods scored in the same eval against the same references (`lora:RUN`, `healed:RUN`, `pruned:K`)."""
     rdir = folder / "arms" / arm_slug(arm)
     files = RunFolder(rdir)
     if not files.policy.is_file():
         calibrate_run(rdir, pc.calibrate_options())
     ev_dir = folder / RECIPE_EVAL / arm_slug(arm)  # per arm: a wider sweep may choose another
-    if not (ev_dir / "results.json").is_file():
+    path = ev_dir / "results.json"
+    if not path.is_file() or not set(models) <= set(read_json(path)["methods"]):
         budgets = PolicyFile.load(files.policy).budgets()
         extra = ["static:1", "static:2"]
         if full:
             extra += [*(f"reskip:budget={b:g}:held" for b in HELD if b in budgets), *(f"sequence:{k}" for k in SEQUENCE)]
         opts = pc.eval_options()
-        evaluate_run(rdir, dataclasses.replace(opts, methods=[*opts.methods, *parse_specs(extra, METHOD_KINDS)],
+        evaluate_run(rdir, dataclasses.replace(opts, methods=[*opts.methods, *parse_specs([*extra, *models], METHOD_KINDS)],
                                                benchmarks=[], out=str(ev_dir)))
-    ev = read_json(ev_dir / "results.json")
-    ev["path"] = str(ev_dir / "results.json")
+    ev = read_json(path)
+    ev["path"] = str(path)
     return ev
 
 
+def _trained_methods(folder: Path, best: dict) -> dict[str, str]:
+    """Each baseline row -> the eval method that scores it: the chosen LoRA and healed arms by their folders, the
+    unhealed prunings by their block count."""
+    out = {f"pruned:{k}": f"pruned:{k}" for k in (1, 2)}
+    for method in METHODS[1:]:
+        kind = "healed" if method.startswith("healed-static:") else "lora"
+        out[method] = f"{kind}:{folder / 'arms' / arm_slug(best[method])}"
+    return out
+
+
 def _measure(pc: PipelineConfig, folder: Path, best: dict, costs: BlockCosts, variants: list[str], show) -> dict:
-    """Every row of the table on the test split and kjv: the recipe's and each variant's from an eval of its
-    chosen run (`_recipe_eval`), the LoRA arms' and the unhealed pruned backbones' scored here on the same
-    packed sequences."""
-    ev = _recipe_eval(pc, folder, best["recipe"], full=True)
+    """Every row of the table on the test split and kjv, from one eval of the chosen recipe run that scores the
+    LoRA arms, the healed arms and the unhealed pruned backbones beside its own methods, against the same
+    references (`_recipe_eval`); each variant's rows from an eval of its chosen run."""
+    trained = _trained_methods(folder, best)
+    ev = _recipe_eval(pc, folder, best["recipe"], full=True, models=tuple(trained.values()))
     methods = {"test": ev["methods"], "kjv": ev["heldout"]["methods"]}
     rows = {key: _recipe_row(methods, key) for key in ("backbone", *RECIPE_ROWS)
             if all(key in methods[s] for s in SPLITS)}
+    rows.update({key: _recipe_row(methods, name) for key, name in trained.items()})
     for v in variants:
         show(f"[experiment baselines] measuring {best[v]}")
         vev = _recipe_eval(pc, folder, best[v], full=False)
         vm = {"test": vev["methods"], "kjv": vev["heldout"]["methods"]}
         rows.update({variant_row(v, key): _recipe_row(vm, key) for key in VARIANT_ROWS
                      if all(key in vm[s] for s in SPLITS)})
-    cfg = pc.train_config()
-    data, _ = load_splits(cfg.data)
-    held, _ = load_splits(list(HELDOUT))
-    n_seq = PRESETS[pc.preset]["eval"]["sequences"]
-    n_layers = sum(len(b) for b in costs.blocks)
-
-    model, tok = load_backbone(cfg.model, ev["meta"]["dtype"], cfg.trust_remote_code, cfg.device)
-    # packed once: every arm shares the backbone's tokenizer
-    seqs = {"test": pack(tok, data["test"], cfg.seq_len, n_seq, seed=0),
-            "kjv": pack(tok, held["test"], cfg.seq_len, n_seq, seed=0)}
-
-    def row_of(model, skipped: int, layers_removed: int) -> dict:
-        row = {"blocks_skipped": {s: skipped for s in SPLITS},
-               "flops_executed_share": {s: 1 - layers_removed / n_layers for s in SPLITS}, "per_sequence": {}}
-        for s in SPLITS:
-            nll, targets = sequence_nll(model, seqs[s])
-            row["per_sequence"][s] = {"nll": nll, "targets": targets}
-        return row
-
-    check = row_of(model, 0, 0)  # the backbone scored by this path: the eval's ratio denominator, re-measured
-    for k in (1, 2):
-        show(f"[experiment baselines] measuring pruned:{k} (no healing)")
-        model, _ = load_backbone(cfg.model, ev["meta"]["dtype"], cfg.trust_remote_code, cfg.device)
-        blocks = costs.cheapest(k)
-        rows[f"pruned:{k}"] = row_of(prune(model, costs.layers_of(blocks)), k, len(costs.layers_of(blocks)))
-    for method in METHODS[1:]:
-        show(f"[experiment baselines] measuring {best[method]}")
-        where = folder / "arms" / arm_slug(best[method])
-        model, _ = load_lora_run(where, ev["meta"]["dtype"], cfg.device)
-        arm = read_json(RunFolder(where).summary)
-        rows[method] = row_of(model, len(arm["drop_blocks"]), len(arm["drop_layers"]))
-    back = {s: rows["backbone"]["per_sequence"][s] for s in SPLITS}
-    for name, row in rows.items():
-        row["ppl_ratio"] = {s: _ratio(row["per_sequence"][s], back[s]) for s in SPLITS}
-    check_ratio = {s: _ratio(check["per_sequence"][s], back[s]) for s in SPLITS}
-    return {"dtype": ev["meta"]["dtype"], "rows": rows, "backbone_rescored": check_ratio,
-            "intervals": intervals(rows, variants),
+    return {"dtype": ev["meta"]["dtype"], "rows": rows, "intervals": intervals(rows, variants),
             "at_spent_compute": {sp: at_spent_compute(methods[sp]) for sp in SPLITS}, "recipe_eval": ev["path"]}
 
 
@@ -297,13 +276,15 @@ def at_spent_compute(methods: dict) -> list[dict]:
     full, targets = np.array(back["nll"], float), np.array(back["targets"], float)
     out = []
     for name, r in methods.items():
-        if not name.startswith(("reskip:budget=", "sequence:")) or r["mean_skipped"] == 0:
+        budgeted = r["kind"] == "reskip" and "budget" in r["arguments"]
+        if not (KINDS[r["kind"]].measured_compute and (budgeted or r["kind"] == "sequence")) or r["mean_skipped"] == 0:
             continue
         k = round(r["mean_skipped"], 2)
-        st = f"static:{int(k) if k == int(k) else k:g}"
-        row = {"method": name, "skipped": r["mean_skipped"], "ppl_ratio": r["ppl_ratio"], "static": st,
-               "static_ppl_ratio": methods[st]["ppl_ratio"] if st in methods else None}
-        if st in methods:
+        st = next((n for n, m in methods.items() if m["kind"] == "static" and m["arguments"]["k"] == k), None)
+        row = {"method": name, "skipped": r["mean_skipped"], "ppl_ratio": r["ppl_ratio"],
+               "static": st or f"static:{int(k) if k == int(k) else k:g}",
+               "static_ppl_ratio": methods[st]["ppl_ratio"] if st else None}
+        if st:
             row["minus_static"] = bootstrap_difference(full, np.array(r["per_sequence"]["nll"], float),
                                                        np.array(methods[st]["per_sequence"]["nll"], float), targets)
         out.append(row)
@@ -311,12 +292,11 @@ def at_spent_compute(methods: dict) -> list[dict]:
 
 
 def _recipe_row(methods: dict, key: str) -> dict:
-    return {"blocks_skipped": {s: methods[s][key]["mean_skipped"] for s in SPLITS},
-            "flops_executed_share": {s: methods[s][key]["flops_executed_share"] for s in SPLITS},
-            "per_sequence": {s: methods[s][key]["per_sequence"] for s in SPLITS}}
-
-
-def _ratio(per: dict, back: dict) -> float:
-    return float(np.exp((sum(per["nll"]) - sum(back["nll"])) / sum(back["targets"])))
+    """A row of the table from the eval's results: per split, its compute, perplexity / the backbone's, fidelity
+    to the backbone (KL, top-1 agreement) and its per-sequence sums."""
+    return {field: {s: methods[s][key][name] for s in SPLITS}
+            for field, name in (("blocks_skipped", "mean_skipped"), ("flops_executed_share", "flops_executed_share"),
+                                ("ppl_ratio", "ppl_ratio"), ("kl_to_backbone", "kl_to_backbone"),
+                                ("top1_agreement", "top1_agreement"), ("per_sequence", "per_sequence"))}
 
 

@@ -19,11 +19,20 @@
                          calibrated distribution are skipped at every later step of that sequence
     random:P             each eligible block skipped with probability P        (0 <= P <= 1)
     PATH.json            `reskip` from that policy file (where a single policy is asked for)
-Methods of `reskip eval` add three names:
+Methods of `reskip eval` add these names:
     backbone             the backbone itself (side-channel off)
     retrofit             the retrofit without skipping (the same as `none`)
     matched              static, influence and random at each ReSkip point's mean skips
     budgets              reskip:budget=B for every budget of the policy file's frontier
+and the trained methods, each scored as its own model beside the run's (the same backbone, data and references):
+    lora:RUN             a LoRA arm (`reskip experiment baselines`): the backbone with its trained LoRA
+    healed:RUN           a healed arm: the backbone with the arm's layers removed and its LoRA
+    pruned:K             the backbone with its K middle blocks of lowest A(n) (measured on the backbone itself,
+                         calibration split) removed, no healing
+
+Each kind says how it is opened for scoring (`opens`: a skip policy on the retrofit, a method that expands into
+others, or a model of its own), which trainee makes it (`trains`: None for a policy) and whether the compute it
+spends is measured rather than set (`measured_compute`: such a method is compared at the skips it measured).
 """
 
 from __future__ import annotations
@@ -90,39 +99,57 @@ def _probability(kind: str, text: str, args: list[str]) -> dict:
     return {"p": _number(_one(kind, text, args, "P"), float, "probability P", text, 0.0, 1.0)}
 
 
+def _run_folder(kind: str, text: str, args: list[str]) -> dict:
+    """The rest of the text is a folder (which may itself hold ':')."""
+    return {"run": _one(kind, text, [":".join(args)] if args else [], "RUN")}
+
+
 @dataclass(frozen=True)
 class Kind:
-    """One kind of spec: how it is written, what it means, how its arguments are read, and whether it is a skip
-    policy (served by a policy file) or one of `reskip eval`'s methods only."""
+    """One kind of spec: how it is written, what it means, how its arguments are read, whether it is a skip
+    policy (served by a policy file) or one of `reskip eval`'s methods only, how it opens for scoring, what
+    trains it and whether its compute is measured."""
 
     syntax: str
     help: str
     arguments: Callable[[str, str, list[str]], dict]
     needs_policy_file: bool
     method_only: bool = False
+    # "policy": a skip policy on the retrofit (`policy_file.BUILDERS`); "expands": a method that stands for
+    # others (`evaluate.methods.EXPANSIONS`); "model": a model of its own (`evaluate.scorers.SCORERS`)
+    opens: str = "policy"
+    trains: str | None = None  # the trainee that makes it (`train.trainees`); None: nothing trains it
+    measured_compute: bool = False  # its skips follow the input: compared with others at what it measured
 
 
 # The one table of kinds: the grammar, its help and the parsing derive from it (the policies they build:
 # `policy_file.BUILDERS`, keyed by the same names).
 KINDS = {
-    "backbone": Kind("backbone", "the backbone itself (side-channel off)", _no_arguments, False, method_only=True),
+    "backbone": Kind("backbone", "the backbone itself (side-channel off)", _no_arguments, False, method_only=True,
+                     opens="model"),
     "retrofit": Kind("retrofit", "the retrofit without skipping (the same as none)", _no_arguments, False,
-                     method_only=True),
+                     method_only=True, trains="retrofit"),
     "matched": Kind("matched", "static, influence and random at each ReSkip point's mean skips", _no_arguments,
-                    False, method_only=True),
+                    False, method_only=True, opens="expands"),
     "budgets": Kind("budgets", "reskip:budget=B for every budget of the policy file's frontier", _no_arguments,
-                    False, method_only=True),
+                    False, method_only=True, opens="expands"),
+    "lora": Kind("lora:RUN", "a LoRA arm of `reskip experiment baselines`: the backbone with its LoRA",
+                 _run_folder, False, method_only=True, opens="model", trains="lora"),
+    "healed": Kind("healed:RUN", "a healed arm: the backbone with the arm's layers removed and its LoRA",
+                   _run_folder, False, method_only=True, opens="model", trains="lora"),
+    "pruned": Kind("pruned:K", "the backbone's K middle blocks of lowest A(n) removed, no healing",
+                   _whole_block_count, False, method_only=True, opens="model"),
     "none": Kind("none", "nothing skipped (the retrofit as it is)", _no_arguments, False),
     "reskip": Kind("reskip[:Q[:M]], reskip:budget=B[:held]",
                    "the calibrated ReSkip rule (tau_n at quantile Q of w_recent(n), at most M blocks per step), or "
                    "the budgeted thresholds for B blocks per step on average (held: the rate held online)",
-                   _reskip, True),
+                   _reskip, True, measured_compute=True),
     "static": Kind("static:K", "the K eligible blocks of lowest ablation cost A(n), at every step (K may be "
                                "fractional)", _block_count, True),
     "influence": Kind("influence:K", "ShortGPT: the K blocks whose output is most like their input", _block_count,
                       True),
     "sequence": Kind("sequence:K", "per sequence: the K eligible blocks whose w_recent sat highest in its prompt, "
-                                   "skipped at every later step", _whole_block_count, True),
+                                   "skipped at every later step", _whole_block_count, True, measured_compute=True),
     "random": Kind("random:P", "each eligible block skipped with probability P", _probability, True),
 }
 POLICY_KINDS = tuple(name for name, kind in KINDS.items() if not kind.method_only)
@@ -149,10 +176,17 @@ class Spec:
     budget: float | None = None  # reskip:budget=B
     held: bool = False  # reskip:budget=B:held
     path: str | None = None  # reskip read from this policy file
+    run: str | None = None  # lora, healed: the arm's folder
 
     @property
     def needs_policy_file(self) -> bool:
         return KINDS[self.kind].needs_policy_file
+
+    @property
+    def arguments(self) -> dict:
+        """The arguments it was written with (the fields its kind set), for a typed results row."""
+        return {f: getattr(self, f) for f in ("quantile", "max_skips", "k", "p", "budget", "held", "path", "run")
+                if getattr(self, f) not in (None, False)}
 
 
 def parse_spec(text: str, kinds: tuple[str, ...] = POLICY_KINDS, allow_path: bool = False) -> Spec:
@@ -160,7 +194,7 @@ def parse_spec(text: str, kinds: tuple[str, ...] = POLICY_KINDS, allow_path: boo
     grammar = METHOD_GRAMMAR if "backbone" in kinds else GRAMMAR
     if allow_path and text.endswith(".json"):
         return Spec("reskip", text, path=text)
-    name, *args = text.split(":")
+    name, *args = text.split(":")  # `_run_folder` joins a folder's own ':' back
     if name not in kinds:
         where = ", or a policy.json path" if allow_path else ""
         raise SpecError(f"unknown policy or method {text!r}; valid: {grammar}{where}")

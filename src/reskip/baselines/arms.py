@@ -1,0 +1,58 @@
+"""A baseline arm's record and its loader: what `reskip experiment baselines` trains beside the recipe (a LoRA on
+the frozen backbone, or on the backbone with layers removed: healed static pruning), how its config.yaml says so,
+and how a trained arm opens as a model (scoring: `evaluate.scorers`; export: `baselines.export`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from ..config_fields import described
+from ..errors import ReskipError
+from ..reading import read_yaml
+from ..runs import RunFolder
+from ..train_config import TrainConfig, load_yaml
+
+
+@dataclass
+class LoraArm:
+    """What a baseline trains, beside the shared TrainConfig (`TrainConfig.lr` etc.; its retrofit keys unused)."""
+
+    params: int = described(help="trainable parameters to match (the side-channel's count on this backbone)",
+                            default=0)
+    drop_layers: list[int] = described(help="decoder layers removed before healing (empty: a plain LoRA)",
+                                       default_factory=list)
+    drop_blocks: list[int] = described(help="the blocks those layers form (for the record)", default_factory=list)
+
+
+def arm_config_text(cfg: TrainConfig, arm: LoraArm) -> str:
+    return yaml.safe_dump({"train": cfg.to_dict(), "lora": dataclasses.asdict(arm)}, sort_keys=False)
+
+
+def read_arm(run_dir: Path) -> tuple[TrainConfig, LoraArm]:
+    """A baseline run's config.yaml -> (TrainConfig, LoraArm)."""
+    data = read_yaml(RunFolder(run_dir).config, load_yaml)
+    if not isinstance(data, dict) or not {"train", "lora"} <= set(data):
+        raise ReskipError(f"{run_dir} is not a finished baseline run: its config.yaml has no train: and lora: (a "
+                          "LoRA or healed-static arm of `reskip experiment baselines` has)")
+    return TrainConfig.from_dict(data["train"]), LoraArm(**data["lora"])
+
+
+def load_arm_model(run_dir: Path, dtype: str | None = None, device: str = "auto"):
+    """A trained baseline run as (model with its LoRA, tokenizer) on `device`: the backbone loaded, pruned as
+    recorded and the PEFT adapter applied."""
+    from peft import PeftModel  # torch and PEFT load with the model, not with the record
+
+    from ..backbones.loading import load_backbone
+    from .pruning import prune
+
+    cfg, arm = read_arm(run_dir)
+    base, tokenizer = load_backbone(cfg.model, dtype or cfg.dtype, cfg.trust_remote_code, device)
+    if arm.drop_layers:
+        prune(base, set(arm.drop_layers))
+    model = PeftModel.from_pretrained(base, RunFolder(run_dir).adapter, autocast_adapter_dtype=True)
+    model.eval()
+    return model, tokenizer

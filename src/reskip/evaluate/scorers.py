@@ -1,0 +1,110 @@
+"""The methods that are models of their own (`spec.KINDS` with `opens="model"`): a LoRA arm, a healed arm, the
+backbone with blocks removed. Each is scored beside the run's methods on the same sequences and against the same
+references (the backbone's logits, computed once per group): one cache-free pass over a group, no skip decisions,
+its compute the layers it keeps.
+
+A scorer is what `evaluate.methods` needs of such a method: the logits of a group (G, T, V), the blocks it removed
+and the share of layer FLOPs it executes. Each kind opens in one function of `SCORERS`; a new trained kind adds
+its opener there and its row in `spec.KINDS`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+
+from ..backbones.devices import model_device
+from ..backbones.loading import load_backbone
+from ..baselines.arms import load_arm_model, read_arm
+from ..baselines.pruning import BlockCosts, backbone_block_costs, prune
+from ..data.packing import Packed
+from ..errors import ReskipError
+from ..skip.spec import Spec
+
+
+@dataclass
+class ModelScorer:
+    """A model scored as one method: `logits` of a group in one cache-free pass (G, T, V); it removed
+    `dropped_layers` (its `dropped_blocks` of the retrofit's partition) of `n_layers` decoder layers."""
+
+    model: nn.Module
+    dropped_layers: list[int]
+    dropped_blocks: list[int]
+    n_layers: int
+
+    @torch.no_grad()
+    def logits(self, ids: torch.Tensor) -> torch.Tensor:
+        self.model.eval()
+        return self.model(input_ids=ids.to(model_device(self.model)), use_cache=False).logits
+
+    @property
+    def executed_share(self) -> float:
+        """Its layer FLOPs over the backbone's (every decoder layer of these families costs the same)."""
+        return 1 - len(self.dropped_layers) / self.n_layers
+
+
+@dataclass
+class ScorerContext:
+    """What opening a model method needs from the evaluation: the backbone (name, dtype, device, trust), its blocks
+    (the retrofit's partition), and the calibration sequences that rank blocks for `pruned:K` (packed when first
+    needed; the backbone's A(n) measured once)."""
+
+    model: str | None
+    dtype: str
+    device: str
+    trust_remote_code: bool
+    blocks: list[list[int]]
+    calibration: Callable[[], Packed]
+    _costs: BlockCosts | None = field(default=None, repr=False)
+
+    def load(self):
+        return load_backbone(self.model, self.dtype, self.trust_remote_code, self.device)
+
+    def block_costs(self) -> BlockCosts:
+        if self._costs is None:
+            backbone, _ = self.load()
+            self._costs = backbone_costs_on(backbone, self.calibration(), self.blocks)
+        return self._costs
+
+
+def backbone_costs_on(backbone: nn.Module, data: Packed, blocks: list[list[int]]) -> BlockCosts:
+    """The backbone's A(n) and block influence for the given partition (its boundaries read off the blocks)."""
+    boundaries = [b[0] for b in blocks[1:]]
+    return backbone_block_costs(backbone, data, block_size=len(blocks[0]), boundaries=boundaries)
+
+
+def _arm(spec: Spec, ctx: ScorerContext) -> ModelScorer:
+    cfg, arm = read_arm(Path(spec.run))
+    if (cfg.model or None) != (ctx.model or None):
+        raise ReskipError(f"{spec.text}: the arm was trained on the backbone {cfg.model or 'default'!r}, the "
+                          f"evaluation's is {ctx.model or 'default'!r}: compare methods of one backbone")
+    model, _ = load_arm_model(Path(spec.run), ctx.dtype, ctx.device)
+    return ModelScorer(model, list(arm.drop_layers), list(arm.drop_blocks), sum(len(b) for b in ctx.blocks))
+
+
+def _pruned(spec: Spec, ctx: ScorerContext) -> ModelScorer:
+    costs = ctx.block_costs()
+    blocks = costs.cheapest(int(spec.k))
+    layers = sorted(costs.layers_of(blocks))
+    backbone, _ = ctx.load()
+    return ModelScorer(prune(backbone, set(layers)), layers, blocks, sum(len(b) for b in ctx.blocks))
+
+
+SCORERS: dict[str, Callable[[Spec, ScorerContext], ModelScorer]] = {"lora": _arm, "healed": _arm, "pruned": _pruned}
+
+
+def check_model_spec(spec: Spec) -> None:
+    """What can be checked of a model method before any weights load: its arm folder is an arm of its kind."""
+    if spec.kind in ("lora", "healed"):
+        _, arm = read_arm(Path(spec.run))
+        if (spec.kind == "healed") != bool(arm.drop_layers):
+            what = "removes no layer: score it as lora:" if spec.kind == "healed" else "removes layers: score it as healed:"
+            raise ReskipError(f"{spec.text}: the arm {what}{spec.run}")
+
+
+def open_scorer(spec: Spec, ctx: ScorerContext) -> ModelScorer:
+    return SCORERS[spec.kind](spec, ctx)
