@@ -110,8 +110,9 @@ def _simulated_loading(monkeypatch, sim: SimulatedDevice, module) -> None:
 
 def test_the_training_loops_on_the_device(tmp_path, monkeypatch):
     """The side-channel's training (its steps, validations, checkpoints and resume) and a LoRA baseline's."""
-    import reskip.baselines.train as lora_train
+    import reskip.train.lora_trainee as lora_trainee
     import reskip.train.loop as loop
+    import reskip.train.trainee as trainee
     from helpers import save_tiny, write_corpus
     from reskip.baselines.arms import LoraArm
     from reskip.baselines.train import train_lora
@@ -119,11 +120,10 @@ def test_the_training_loops_on_the_device(tmp_path, monkeypatch):
 
     sim = SimulatedDevice()
     _simulated_loading(monkeypatch, sim, loop)
-    _simulated_loading(monkeypatch, sim, lora_train)
-    real_retrofit = loop.retrofit
-    monkeypatch.setattr(loop, "retrofit", lambda *a, **k: _put(sim, real_retrofit(*a, **k)))
-    real_add_lora = lora_train.add_lora  # modules built inside the mode: marked as the device's once built
-    monkeypatch.setattr(lora_train, "add_lora", lambda *a, **k: _put(sim, real_add_lora(*a, **k)))
+    real_retrofit = trainee.retrofit
+    monkeypatch.setattr(trainee, "retrofit", lambda *a, **k: _put(sim, real_retrofit(*a, **k)))
+    real_add_lora = lora_trainee.add_lora  # modules built inside the mode: marked as the device's once built
+    monkeypatch.setattr(lora_trainee, "add_lora", lambda *a, **k: _put(sim, real_add_lora(*a, **k)))
     cfg = TrainConfig(model=str(save_tiny(tmp_path / "model")), data=[str(write_corpus(tmp_path / "corpus"))],
                       seq_len=16, steps=2, batch_size=2, eval_every=1, save_every=1, eval_sequences=2,
                       lambda_signal=1.0, retrofit={"block_size": 2, "rank": 8})

@@ -11,6 +11,8 @@ skipped layers, which uses these answers, lives in `reskip.ar_retrofit.kv_cache`
 from __future__ import annotations
 
 import inspect
+from contextlib import contextmanager
+from dataclasses import dataclass
 import sys
 
 import torch
@@ -101,9 +103,10 @@ def output_head(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None, fl
     return head.weight, head.bias, getattr(model.config, "final_logit_softcapping", None)
 
 
-def remove_layers(model: nn.Module, drop: set[int]) -> None:
+def remove_layers(model: nn.Module, drop: set[int]) -> "RemovedLayers":
     """Remove the decoder layers whose indices are in `drop`, in place, so that the model is the smaller
     architecture its config then describes (what `save_pretrained` writes and `AutoModelForCausalLM` loads).
+    Returns what was removed, so that a teacher pass can put it back (`layers_put_back`).
 
     The kept layers are renumbered: each attention's `layer_idx` indexes the KV cache, and a gap there breaks
     `DynamicCache.update`. Per-layer config lists (`layer_types`: Gemma-3's sliding and full layers, Qwen's
@@ -112,13 +115,53 @@ def remove_layers(model: nn.Module, drop: set[int]) -> None:
     kept = [layer for i, layer in enumerate(layers) if i not in drop]
     if not kept or any(not 0 <= i < len(layers) for i in drop):
         raise ValueError(f"cannot remove layers {sorted(drop)} of {len(layers)}")
-    for new, layer in enumerate(kept):
-        for module in layer.modules():
-            if hasattr(module, "layer_idx"):
-                module.layer_idx = new
     config = model.config
     types = getattr(config, "layer_types", None)
+    removed = RemovedLayers({i: layers[i] for i in sorted(drop)}, len(layers), None if types is None else list(types))
+    _number_layers(kept)
     if types is not None:
         config.layer_types = [t for i, t in enumerate(types) if i not in drop]
     config.num_hidden_layers = len(kept)
     model.model.layers = nn.ModuleList(kept)
+    return removed
+
+
+@dataclass
+class RemovedLayers:
+    """The layers `remove_layers` took out (original index -> module) and the config values of the whole model."""
+
+    layers: dict[int, nn.Module]
+    n_layers: int
+    layer_types: list | None
+
+
+def _number_layers(layers) -> None:
+    for new, layer in enumerate(layers):
+        for module in layer.modules():
+            if hasattr(module, "layer_idx"):
+                module.layer_idx = new
+
+
+@contextmanager
+def layers_put_back(model: nn.Module, removed: RemovedLayers):
+    """Inside, the model is whole again: the removed layers back at their places, every layer numbered as
+    before, the config's layer count and per-layer types the whole model's (its masks built as the backbone's).
+    Nothing is copied: the same modules go in and come out. For the teacher pass of healing by distillation."""
+    kept = list(decoder_layers(model))
+    config = model.config
+    pruned_types = getattr(config, "layer_types", None)
+    it = iter(kept)
+    whole = [removed.layers[i] if i in removed.layers else next(it) for i in range(removed.n_layers)]
+    _number_layers(whole)
+    model.model.layers = nn.ModuleList(whole)
+    config.num_hidden_layers = removed.n_layers
+    if removed.layer_types is not None:
+        config.layer_types = list(removed.layer_types)
+    try:
+        yield model
+    finally:
+        _number_layers(kept)
+        model.model.layers = nn.ModuleList(kept)
+        config.num_hidden_layers = len(kept)
+        if pruned_types is not None:
+            config.layer_types = pruned_types

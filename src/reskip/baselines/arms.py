@@ -9,12 +9,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+from peft import PeftModel
 
+from ..backbones.loading import load_backbone
 from ..config_fields import described
 from ..errors import ReskipError
 from ..reading import read_yaml
 from ..runs import RunFolder
 from ..train_config import TrainConfig, load_yaml
+from .pruning import prune
 
 
 @dataclass
@@ -26,6 +29,11 @@ class LoraArm:
     drop_layers: list[int] = described(help="decoder layers removed before healing (empty: a plain LoRA)",
                                        default_factory=list)
     drop_blocks: list[int] = described(help="the blocks those layers form (for the record)", default_factory=list)
+    objective: str = described("ce", "the healing objective: ce (cross-entropy on the mix), kd (KL(backbone || "
+                                     "model) on every position, the backbone as the teacher) or kd+ce",
+                               choices=("ce", "kd", "kd+ce"))
+    temperature: float = described(1.0, "kd's temperature T (the KL of logits / T, scaled by T^2)", low=0.05,
+                                   high=100.0)
 
 
 def arm_config_text(cfg: TrainConfig, arm: LoraArm) -> str:
@@ -44,11 +52,6 @@ def read_arm(run_dir: Path) -> tuple[TrainConfig, LoraArm]:
 def load_arm_model(run_dir: Path, dtype: str | None = None, device: str = "auto"):
     """A trained baseline run as (model with its LoRA, tokenizer) on `device`: the backbone loaded, pruned as
     recorded and the PEFT adapter applied."""
-    from peft import PeftModel  # torch and PEFT load with the model, not with the record
-
-    from ..backbones.loading import load_backbone
-    from .pruning import prune
-
     cfg, arm = read_arm(run_dir)
     base, tokenizer = load_backbone(cfg.model, dtype or cfg.dtype, cfg.trust_remote_code, device)
     if arm.drop_layers:

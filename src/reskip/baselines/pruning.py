@@ -79,3 +79,9 @@ def prune(model: nn.Module, layers: set[int]) -> nn.Module:
     """Remove these decoder layers from the model in place (`compat.remove_layers`); returns it."""
     compat.remove_layers(model, set(layers))
     return model
+
+
+def prune_keeping(model: nn.Module, layers: set[int]) -> compat.RemovedLayers:
+    """Remove these decoder layers in place and keep them, so that the unpruned backbone can run again as the
+    teacher of healing by distillation (`compat.layers_put_back`) without a second copy of its weights."""
+    return compat.remove_layers(model, set(layers))

@@ -1,4 +1,5 @@
-"""Training checkpoints: adapter files + optimizer state + step, written atomically.
+"""Training checkpoints: the trainee's weights (`Trainee.save_weights`: the side-channel's adapter files, or a
+LoRA's PEFT folder) + optimizer state + step, written atomically.
 
 A checkpoint folder is first written under a temporary name and renamed into place,
 then `checkpoints/latest` is replaced atomically; a run killed at any moment leaves
@@ -16,8 +17,6 @@ import torch
 
 from ..errors import ReskipError
 from ..io_atomic import atomic_write_text
-from ..ar_retrofit.adapter_io import check_backbone, read_adapter_config, read_adapter_weights, save_adapter
-from ..ar_retrofit.model import ReskipModel
 from ..runs import RunFolder
 
 STATE_NAME = "trainer_state.pt"
@@ -29,14 +28,14 @@ def checkpoints_dir(run_dir: Path) -> Path:
     return RunFolder(run_dir).checkpoints
 
 
-def save_checkpoint(run_dir: Path, step: int, model: ReskipModel, optimizer, tokens_seen: int) -> Path:
+def save_checkpoint(run_dir: Path, step: int, trainee, optimizer, tokens_seen: int) -> Path:
     root = checkpoints_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:06d}"
     tmp = root / f".tmp-step-{step:06d}"
     if tmp.exists():
         shutil.rmtree(tmp)
-    save_adapter(model, tmp, metadata={"step": step})
+    trainee.save_weights(tmp, step)
     state = {
         "step": step,
         "tokens_seen": tokens_seen,
@@ -69,15 +68,18 @@ def latest_checkpoint(run_dir: Path, state_name: str = STATE_NAME) -> Path | Non
     return complete[-1] if complete else None
 
 
-def load_checkpoint(path: Path, model: ReskipModel, optimizer) -> dict:
-    """Restore side-channel weights and optimizer state in place; returns {'step', 'tokens_seen'}."""
-    cfg = read_adapter_config(path)
-    check_backbone(cfg["backbone"], model.base_model)
+def load_checkpoint(path: Path, trainee, optimizer) -> dict:
+    """Restore the trainee's weights and the optimizer state in place; returns {'step', 'tokens_seen'}. A
+    checkpoint of a LoRA arm trained before the one loop has no tokens count or RNG state: its tokens are its
+    steps' (the caller's), its RNG the seed's."""
     try:
         state = torch.load(path / STATE_NAME, weights_only=True, map_location="cpu")  # the optimizer moves it to its parameters
-        model.load_adapter_state(read_adapter_weights(path))
+        trainee.load_weights(path)
+    except ReskipError:
+        raise
     except Exception as e:  # noqa: BLE001 - any unreadable checkpoint gets the same clear message
         raise ReskipError(f"checkpoint {path} is unreadable ({type(e).__name__}: {e}); delete it to use an older one") from e
     optimizer.load_state_dict(state["optimizer"])
-    torch.set_rng_state(state["torch_rng"])
-    return {"step": state["step"], "tokens_seen": state["tokens_seen"]}
+    if "torch_rng" in state:
+        torch.set_rng_state(state["torch_rng"])
+    return {"step": state["step"], "tokens_seen": state.get("tokens_seen")}

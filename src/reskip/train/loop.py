@@ -1,4 +1,7 @@
-"""Training the side-channel: CE(full) + lambda_kl KL(teacher || skip) - lambda_ent H(alpha).
+"""The one training loop: a run folder's identity, resume, checkpoints, log, progress, learning-rate schedule,
+batches, data-parallel (accelerate), FSDP2 sharding and trackers, around a *trainee* (`train.trainee`): the
+retrofit's side-channel (CE(full) + lambda_kl KL(teacher || skip) - lambda_ent H(alpha), the default recipe) or a
+LoRA arm (`train.lora_trainee`).
 
 Runs on one process, or data-parallel under `accelerate launch` with no code change.
 Everything that varies per step (c(t), learning rate, drawn block, batch) is a pure
@@ -20,7 +23,7 @@ from accelerate import Accelerator
 
 from ..backbones.devices import device_name, resolve_device
 from ..backbones.dtypes import describe, resolve_dtype_name
-from ..backbones.loading import DEFAULT_BACKBONE, load_backbone, load_config
+from ..backbones.loading import load_backbone, load_config
 from ..data.packing import Packed, pack
 from ..data.sources import load_splits
 from ..errors import ReskipError
@@ -28,23 +31,25 @@ from ..io_atomic import atomic_write_json, atomic_write_text
 from ..ar_retrofit.blocks import retrofit_blocks
 from ..ar_retrofit.config import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME
 from ..ar_retrofit.model_card import CARD_NAME
-from ..ar_retrofit.model import ReskipModel, retrofit
+from ..ar_retrofit.model import ReskipModel
 from ..progress import Progress
 from ..run_lock import writing
 from ..runs import RunFolder
 from .checkpoint import CHECKPOINT_NAME, latest_checkpoint, load_checkpoint, save_checkpoint
 from ..train_config import TrainConfig
-from .log import append_record, last_eval, read_log, summarize, truncate_after
-from .objective import RetrofitObjective
+from .log import append_record, last_eval, read_log, truncate_after
+from .trainee import Counts, RetrofitRecipe, RetrofitTrainee, Trainee
 from .process_group import check_launch, launched_processes
 from .sharding import average_gradients, shard_backbone
-from .schedules import curriculum, drawn_blocks, learning_rate, skipped_positions
+from .schedules import learning_rate
 from .trackers import TRACKER_RUN, hyperparameters, scalars
-from .validation import validation_metrics
 
 
 class TrainingDiverged(ReskipError):
     pass
+
+
+RETROFIT = RetrofitRecipe()  # the default recipe
 
 
 def prepare_data(cfg: TrainConfig, tokenizer, splits) -> tuple[Packed, Packed]:
@@ -57,16 +62,8 @@ def prepare_data(cfg: TrainConfig, tokenizer, splits) -> tuple[Packed, Packed]:
 
 
 def parameter_groups(model: ReskipModel, cfg: TrainConfig) -> list[dict]:
-    """The side-channel's parameters in three optimizer groups, chosen by structure (the routers'
-    query and source-bias parameters, and everything else), each with its learning-rate multiple."""
-    routers = model.side_channel.routers()
-    query = [r.query for r in routers]
-    bias = [r.source_bias for r in routers]
-    chosen = {id(p) for p in query + bias}
-    rest = [p for p in model.trainable_parameters() if id(p) not in chosen]
-    return [{"params": query, "lr_mult": cfg.router_lr_mult, "name": "router query"},
-            {"params": bias, "lr_mult": cfg.source_bias_lr_mult, "name": "router source bias"},
-            {"params": rest, "lr_mult": 1.0, "name": "corrections and gates"}]
+    """The side-channel's parameters in its optimizer groups (`RetrofitTrainee.parameter_groups`)."""
+    return RetrofitTrainee(model, cfg).parameter_groups(cfg)
 
 
 def check_against_backbone(cfg: TrainConfig) -> int:
@@ -85,15 +82,20 @@ class TrainingRun:
 
     cfg: TrainConfig
     accelerator: Accelerator
-    model: ReskipModel
-    objective: torch.nn.Module
+    trainee: Trainee
+    objective: torch.nn.Module  # the trainee's, as the engine prepared it
     optimizer: torch.optim.Optimizer
     train_data: Packed
     val_data: Packed
     files: RunFolder
+    recipe: object = RETROFIT
     step: int = 0
     tokens_seen: int = 0
     teacher_states: dict = field(default_factory=dict)  # the backbone's final hidden states on val_data, kept
+
+    @property
+    def model(self):
+        return self.trainee.model
 
     @property
     def main(self) -> bool:
@@ -113,19 +115,22 @@ def train_run(
     on_step_end: Callable[[int, ReskipModel], None] | None = None,
     show_progress: bool = True,
     overwrite: bool = False,
+    recipe=None,
 ) -> Path | None:
     """Train into `run_dir` (config.yaml, splits.json, train_log.jsonl, checkpoints/, adapter/, summary.json);
     returns summary.json's path (None in the other processes of a data-parallel job, where rank 0 writes).
+    recipe: what trains (`RetrofitRecipe`, the default, or `lora_trainee.LoraRecipe`).
 
     A folder that holds another training run is refused unless `overwrite` (its training files are then
     removed); `resume` continues the folder's own run, and settings that contradict it are refused."""
     with writing(Path(run_dir)):
-        summary = _train(cfg, Path(run_dir), resume, on_step_end, show_progress, overwrite)
+        summary = _train(cfg, Path(run_dir), resume, on_step_end, show_progress, overwrite, recipe or RETROFIT)
     return RunFolder(run_dir).summary if summary else None
 
 
-def _train(cfg: TrainConfig, run_dir: Path, resume: bool, on_step_end, show_progress: bool, overwrite: bool) -> dict:
-    run = open_training(cfg, run_dir, resume, show_progress, overwrite)
+def _train(cfg: TrainConfig, run_dir: Path, resume: bool, on_step_end, show_progress: bool, overwrite: bool,
+           recipe) -> dict:
+    run = open_training(cfg, run_dir, resume, show_progress, overwrite, recipe)
     cfg = run.cfg
     show = run.main and show_progress
     val_s = [validate(run, show)] if run.step == 0 else []  # seconds per validation: the time left counts them
@@ -138,13 +143,14 @@ def _train(cfg: TrainConfig, run_dir: Path, resume: bool, on_step_end, show_prog
         done = run.step
         if done % cfg.log_every == 0 or done == cfg.steps:
             run.log(record)
-        bar.update(1, **{x: f"{record[x]:.3f}" for x in ("loss", "ce", "kl")}, c=f"{record['c']:.2f}")
+        bar.update(1, **{x: f"{record[x]:.3f}" for x in ("loss", "ce", "kl") if x in record},
+                   **({"c": f"{record['c']:.2f}"} if "c" in record else {}))
         if done % cfg.eval_every == 0 or done == cfg.steps:
             val_s.append(validate(run, show))
             bar.set_aside(val_s[-1], sum(val_s) / len(val_s) * validations_after(done, cfg))
         if done % cfg.save_every == 0 or done == cfg.steps:
             if run.main:
-                save_checkpoint(run.files.root, done, run.model, run.optimizer, run.tokens_seen)
+                save_checkpoint(run.files.root, done, run.trainee, run.optimizer, run.tokens_seen)
             run.accelerator.wait_for_everyone()
         if on_step_end is not None:
             on_step_end(done, run.model)
@@ -158,15 +164,16 @@ def _train(cfg: TrainConfig, run_dir: Path, resume: bool, on_step_end, show_prog
 TRAINING_FILES = ("config", "train_log", "checkpoints", "adapter", "summary")  # `RunFolder` names a run's training owns
 
 
-def check_identity(cfg: TrainConfig, files: RunFolder, resume: bool, overwrite: bool, remove: bool = True) -> None:
+def check_identity(cfg: TrainConfig, files: RunFolder, resume: bool, overwrite: bool, remove: bool = True,
+                   recipe=None) -> None:
     """Refuse to train over another run (unless `overwrite`: its training files are removed), and to resume a
     run with settings that contradict its own config.yaml."""
+    recipe = recipe or RETROFIT
     if resume:
         if not files.config.is_file():
             raise ReskipError(f"{files.root} is not a training run folder (no config.yaml): nothing to resume")
-        recorded = TrainConfig.from_file(files.config)
-        recorded = dataclasses.replace(recorded, dtype=resolve_dtype_name(recorded.dtype))
-        ours, asked = recorded.what_it_trains(), cfg.what_it_trains()  # the retrofit keys compared resolved
+        ours, asked = recipe.recorded_identity(files.config), recipe.identity(cfg)  # the retrofit keys resolved
+        ours["dtype"] = resolve_dtype_name(ours["dtype"])
         diffs = [f"{k}: the run's {ours[k]!r}, asked {asked[k]!r}" for k in ours if ours[k] != asked[k]]
         if diffs:
             raise ReskipError(f"--resume {files.root} keeps the run's own settings, and these differ: "
@@ -180,7 +187,7 @@ def check_identity(cfg: TrainConfig, files: RunFolder, resume: bool, overwrite: 
     if held and not overwrite:
         raise ReskipError(f"{files.root} already holds a training run ({', '.join(p.name for p in held)}): "
                           "--resume it, pass --overwrite to replace it, or choose another --out")
-    foreign = not_written_by_training(files)
+    foreign = not_written_by_training(files, recipe)
     if foreign:
         raise ReskipError(f"{files.root} holds files that are not a reskip training run's ({', '.join(foreign[:5])}): "
                           "--overwrite removes only a run's own files; move those away or choose another --out")
@@ -194,13 +201,13 @@ OWN_ADAPTER_FILES = {ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, CARD_NAME}
 OWN_TEMPORARY = re.compile(r"\.tmp-step-\d{6}|\.(latest|step-\d{6}|\.tmp-step-\d{6})\..+\.(tmp|old)")
 
 
-def not_written_by_training(files: RunFolder) -> list[str]:
-    """The paths among a folder's training files that training did not write (a config.yaml that is not a
-    training config, anything in checkpoints/ or adapter/ but the run's own), which --overwrite must not remove."""
+def not_written_by_training(files: RunFolder, recipe=None) -> list[str]:
+    """The paths among a folder's training files that training did not write (a config.yaml that is not this
+    recipe's, anything in checkpoints/ or adapter/ but the run's own), which --overwrite must not remove."""
     out = []
     if files.config.is_file():
         try:
-            TrainConfig.from_file(files.config)
+            (recipe or RETROFIT).recorded_identity(files.config)
         except ReskipError:
             out.append(str(files.config))
     elif files.config.exists():
@@ -214,7 +221,7 @@ def not_written_by_training(files: RunFolder) -> list[str]:
 
 
 def open_training(cfg: TrainConfig, run_dir: Path, resume: bool, show_progress: bool,
-                  overwrite: bool = False) -> TrainingRun:
+                  overwrite: bool = False, recipe=None) -> TrainingRun:
     """Check the config, load the backbone and data, build the model, objective and optimizer (restored from
     the last checkpoint on `resume`), and write config.yaml and splits.json."""
     # cpu=True on the CPU: under torchrun this gives gloo data-parallel on CPU processes; on CUDA each process
@@ -223,7 +230,9 @@ def open_training(cfg: TrainConfig, run_dir: Path, resume: bool, show_progress: 
     device = training_device(cfg.device)
     accelerator = Accelerator(gradient_accumulation_steps=cfg.grad_accum, cpu=device.type == "cpu",
                               log_with=cfg.report_to, project_dir=run_dir if cfg.report_to else None)
+    recipe = recipe or RETROFIT
     cfg.validate(world_size=accelerator.num_processes)
+    recipe.check(cfg)
     if cfg.shard and accelerator.num_processes < 2:
         raise ReskipError("--shard splits the backbone over several processes: launch with torchrun --nproc_per_node N "
                           "or accelerate launch --multi_gpu --num_processes N")
@@ -233,39 +242,40 @@ def open_training(cfg: TrainConfig, run_dir: Path, resume: bool, show_progress: 
     # config.yaml, the adapter and a resumed run keep the dtype 'auto' resolved to on this hardware
     asked, cfg = cfg.dtype, dataclasses.replace(cfg, dtype=resolve_dtype_name(cfg.dtype, accelerator.device))
     files = RunFolder(run_dir)
-    check_identity(cfg, files, resume, overwrite, remove=accelerator.is_main_process)
+    check_identity(cfg, files, resume, overwrite, remove=accelerator.is_main_process, recipe=recipe)
     splits, record = load_splits(cfg.data)  # cheap; an empty data set fails here, before the model
     check_against_backbone(cfg)
     torch.manual_seed(cfg.seed)
     if accelerator.is_main_process and show_progress:
-        print(f"[train] {cfg.steps} steps x {cfg.batch_size} x {cfg.seq_len} tokens, backbone in {describe(asked)}",
-              flush=True)
+        print(f"[train] {recipe.name}: {cfg.steps} steps x {cfg.batch_size} x {cfg.seq_len} tokens, backbone in "
+              f"{describe(asked)}", flush=True)
     # sharded: loaded on the host, then each layer's shard goes to this process's device
     base, tokenizer = load_backbone(cfg.model, cfg.dtype, cfg.trust_remote_code,
                                     "cpu" if cfg.shard else accelerator.device)
     if cfg.shard:
         shard_backbone(base, accelerator.device)
-    model = retrofit(base, cfg.retrofit_config(), seed=cfg.seed)
     train_data, val_data = prepare_data(cfg, tokenizer, splits)
-    optimizer = torch.optim.AdamW(parameter_groups(model, cfg), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    trainee = recipe.build(base, cfg, val_data)
+    optimizer = torch.optim.AdamW(trainee.parameter_groups(cfg), lr=cfg.lr, weight_decay=cfg.weight_decay)
     start, tokens_seen = 0, 0
     if resume:
         ckpt = latest_checkpoint(run_dir)
         if ckpt is None:
             raise ReskipError(f"{run_dir} has no checkpoint to resume from")
-        state = load_checkpoint(ckpt, model, optimizer)
-        start, tokens_seen = state["step"], state["tokens_seen"]
+        state = load_checkpoint(ckpt, trainee, optimizer)
+        start = state["step"]
+        tokens_seen = state["tokens_seen"] if state["tokens_seen"] is not None else start * cfg.batch_size * cfg.seq_len
         if not 0 < start <= cfg.steps:
             raise ReskipError(f"{ckpt} is at step {start}, outside this run's 1..{cfg.steps}: it is not this run's "
                               "checkpoint; train into another --out")
-    objective = RetrofitObjective.of(model, cfg)
+    objective = trainee.objective
     if cfg.shard:  # no DDP around sharded layers: the side-channel's gradients are averaged by `average_gradients`
         optimizer = accelerator.prepare(optimizer)
     else:
         objective, optimizer = accelerator.prepare(objective, optimizer)
     if accelerator.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(files.config, cfg.to_yaml())
+        atomic_write_text(files.config, recipe.config_text(cfg))
         record["packed"] = {"train_sequences": len(train_data), "val_sequences": len(val_data), "seq_len": cfg.seq_len}
         atomic_write_json(files.splits, record)
         if resume:
@@ -274,7 +284,8 @@ def open_training(cfg: TrainConfig, run_dir: Path, resume: bool, show_progress: 
             files.train_log.unlink()
     if cfg.report_to:
         accelerator.init_trackers(TRACKER_RUN, config=hyperparameters(cfg.to_dict()))
-    return TrainingRun(cfg, accelerator, model, objective, optimizer, train_data, val_data, files, start, tokens_seen)
+    return TrainingRun(cfg, accelerator, trainee, objective, optimizer, train_data, val_data, files, recipe, start,
+                       tokens_seen)
 
 
 def training_device(name: str) -> torch.device:
@@ -297,97 +308,76 @@ def validations_after(step: int, cfg: TrainConfig) -> int:
 
 def validate(run: TrainingRun, show: bool = False) -> float:
     """One validation record at the run's step (main process only), with its own progress; returns its seconds."""
-    cfg, model, step = run.cfg, run.model, run.step
+    cfg, step = run.cfg, run.step
     if not run.main and not cfg.shard:  # sharded layers run only when every process runs them
         return 0.0
     t0 = time.time()
-    model.set_curriculum(curriculum(step, cfg.steps, cfg.hold_frac, cfg.ramp_end_frac))
-    # With chunked losses (the memory-lean recipe) validation scores one sequence at a time, so it holds
-    # (1, T, V) logits, not the micro-batch's (B, T, V): otherwise it would set the run's peak.
-    val_batch = 1 if cfg.loss_chunk else max(1, cfg.batch_size // max(1, cfg.grad_accum))
-    skip_kl = cfg.skip_kl_curve or step in (0, cfg.steps)
     bar = Progress(len(run.val_data), f"validate at step {step}", unit="seq", enabled=show)
-    metrics = validation_metrics(model, run.val_data, batch_size=val_batch, skip_kl=skip_kl,
-                                 teacher_states=run.teacher_states, progress=bar.update)
+    metrics = run.trainee.validate(run.val_data, step, cfg, run.teacher_states, bar)
     bar.close()
-    run.log({"kind": "eval", "step": step, "c": model.side_channel.curriculum, "tokens_seen": run.tokens_seen,
-             **metrics})
+    run.log({"kind": "eval", "step": step, **({"c": metrics.pop("c")} if "c" in metrics else {}),
+             "tokens_seen": run.tokens_seen, **metrics})
     return time.time() - t0
 
 
 def optimizer_step(run: TrainingRun, bar: Progress) -> dict:
     """One optimizer step at run.step (its micro-batches on every process); advances the run and returns the
     step's train record, its terms averaged over processes and micro-batches."""
-    cfg, acc, step = run.cfg, run.accelerator, run.step
+    cfg, acc, step, trainee = run.cfg, run.accelerator, run.step, run.trainee
     world, rank = acc.num_processes, acc.process_index
-    c = curriculum(step, cfg.steps, cfg.hold_frac, cfg.ramp_end_frac)
     lr = learning_rate(step, cfg.steps, cfg.lr, cfg.warmup_frac, cfg.min_lr_frac)
-    run.model.set_curriculum(c)
     for group in run.optimizer.param_groups:
         group["lr"] = lr * group["lr_mult"]
-    dropped = drawn_blocks(step, cfg.seed, cfg.drawable_blocks(run.model.n_blocks), cfg.skip_max_blocks)
-    k, also = dropped[0], tuple(dropped[1:])
     # The global batch of this step, the same on every process; data cycles when exhausted.
     idx = [(step * cfg.batch_size + j) % len(run.train_data) for j in range(cfg.batch_size)]
     ids, labels = run.train_data.input_ids[idx], run.train_data.labels[idx]
-    positions = skipped_positions(step, cfg.seed, tuple(ids.shape), cfg.skip_fraction)
-    n_targets = int((labels[:, 1:] != -100).sum())  # counted on the host, before the batch moves
+    plan = trainee.plan(step, cfg, tuple(ids.shape))  # c(t), the drawn block, ...: pure functions of the step
+    counts = Counts(max(1, int((labels[:, 1:] != -100).sum())), ids.numel(), world, cfg.grad_accum)  # on the host
     ids, labels = ids.to(acc.device), labels.to(acc.device)
-    positions = None if positions is None else positions.to(acc.device)
-    # Each micro-batch contributes sum / global count; DDP averages over processes and
-    # accelerate divides by grad_accum, hence the factor world * grad_accum.
-    target_scale = world * cfg.grad_accum / max(n_targets, 1)
-    position_scale = world * cfg.grad_accum / ids.numel()
     micro = cfg.batch_size // (world * cfg.grad_accum)
-    totals = torch.zeros(6, device=acc.device)
+    totals = torch.zeros(len(trainee.terms), device=acc.device)
     for m in range(cfg.grad_accum):
         lo = (m * world + rank) * micro
         with acc.accumulate(run.objective):
-            mask = None if positions is None else positions[lo : lo + micro]
-            terms = run.objective(ids[lo : lo + micro], labels[lo : lo + micro], k, target_scale, position_scale,
-                                  mask, also)
+            terms = trainee.micro(run.objective, ids[lo : lo + micro], labels[lo : lo + micro], plan, lo, micro, counts)
             bad = (~torch.isfinite(terms["loss"].detach())).float().reshape(1)
             if acc.reduce(bad, "sum").item() > 0:  # every process stops together
                 bar.close()
                 last = latest_checkpoint(run.files.root)
                 raise TrainingDiverged(
-                    f"loss became {terms['loss'].item()} at step {step} (c={c:.3f}, lr={lr:.2e}); the run "
+                    f"loss became {terms['loss'].item()} at step {step} ({_plan_text(plan)}lr={lr:.2e}); the run "
                     f"stopped. Last good checkpoint: {last or 'none'}. Lower --lr or --lambda-kl and resume."
                 )
             acc.backward(terms["loss"])
             if acc.sync_gradients and cfg.shard:
-                average_gradients(run.model.trainable_parameters())
+                average_gradients(trainee.trainable_parameters())
             if acc.sync_gradients:
-                acc.clip_grad_norm_(run.model.trainable_parameters(), cfg.clip_norm)
+                acc.clip_grad_norm_(trainee.trainable_parameters(), cfg.clip_norm)
             run.optimizer.step()
             run.optimizer.zero_grad()
-        totals += torch.stack([terms[x].float() for x in ("loss", "ce", "kl", "ent", "sig", "local")])
-    loss, ce, kl, ent, sig, local = (acc.reduce(totals, "sum") / (world * cfg.grad_accum)).tolist()
+        totals += torch.stack([terms[x].detach().float() for x in trainee.terms])
+    values = dict(zip(trainee.terms, (acc.reduce(totals, "sum") / (world * cfg.grad_accum)).tolist()))
     run.tokens_seen += ids.numel()
     run.step = step + 1
-    return {"kind": "train", "step": run.step, "c": c, "lr": lr, "loss": loss, "ce": ce, "kl": kl,
-            "entropy": ent, "signal_corr": sig, "skip_block": k,
-            **({"skip_blocks": dropped} if cfg.skip_max_blocks > 1 else {}),
-            **({"local": local} if cfg.lambda_local > 0 else {}), "tokens_seen": run.tokens_seen, "processes": world}
+    names = trainee.record_names()
+    record = {"kind": "train", "step": run.step, **{k: v for k, v in plan.record.items() if k == "c"}, "lr": lr,
+              **{names[k]: values[k] for k in trainee.terms if k in names},
+              **{k: v for k, v in plan.record.items() if k != "c"}}
+    return {**record, "tokens_seen": run.tokens_seen, "processes": world}
+
+
+def _plan_text(plan) -> str:
+    return f"c={plan.record['c']:.3f}, " if "c" in plan.record else ""
 
 
 def finish(run: TrainingRun, wall_s: float) -> dict:
-    """The final adapter (with its model card's figures) and summary.json; returns the summary."""
-    cfg, model = run.cfg, run.model
+    """The trainee's final files (adapter/) and summary.json; returns the summary."""
     summary = {}
     if run.main:
-        model.set_curriculum(1.0 if cfg.steps else 0.0)
-        summary = summarize(run.files.train_log, wall_s=wall_s)
-        summary["device"] = device_name(run.accelerator.device)
-        # What the adapter's model card tells (`ar_retrofit.model_card`), kept with it in adapter_config.json.
-        card = {"model": cfg.model or DEFAULT_BACKBONE, "dtype": cfg.dtype, "device": summary["device"],
-                "training": {"data": list(cfg.data), "data_weights": cfg.data_weights, "steps": cfg.steps,
-                             "batch_size": cfg.batch_size, "seq_len": cfg.seq_len, "lr": cfg.lr},
-                "measured": {"ppl_backbone": summary["ppl_backbone"], "ppl_start": summary["ppl_full"]["start"],
-                             "ppl_end": summary["ppl_full"]["end"], "kl_end": summary["kl_full"]["end"]}}
-        model.save_adapter(run.files.adapter, metadata={"steps": cfg.steps, "tokens_seen": run.tokens_seen, **card})
+        summary = run.trainee.finish(run.files.adapter, run.cfg, run.files.train_log, wall_s,
+                                     device_name(run.accelerator.device), run.tokens_seen)
         atomic_write_json(run.files.summary, summary)
-    if cfg.report_to:
+    if run.cfg.report_to:
         run.accelerator.end_training()
     run.accelerator.wait_for_everyone()
     return summary

@@ -1,0 +1,158 @@
+"""The LoRA recipe of the one training loop: a parameter-matched PEFT LoRA on the frozen backbone, with the
+backbone's chosen layers removed first (healed static pruning) or none (a plain LoRA), healed by `ce`, `kd` or
+`kd+ce` (`baselines.healing`).
+
+Everything a user would do instead gets what the retrofit gets: the same packed training and validation sequences,
+the same batch at every step, the same schedule, optimizer (AdamW), clipping, compute dtype, checkpoints, resume,
+log and progress (`train.loop`). Its run folder: config.yaml (`train:` the TrainConfig, `lora:` the arm),
+train_log.jsonl, checkpoints/ (the newest two), adapter/ (a PEFT folder) and summary.json.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import torch
+from peft import set_peft_model_state_dict
+from safetensors.torch import load_file
+from torch import nn
+
+from .. import compat
+from ..backbones.devices import model_device
+from ..baselines.arms import LoraArm, arm_config_text, read_arm
+from ..baselines.healing import HealingObjective
+from ..baselines.lora import add_lora, trainable_parameters
+from ..baselines.pruning import prune_keeping
+from ..data.packing import Packed
+from ..errors import ReskipError
+from ..io_atomic import atomic_folder
+from ..lora_ranks import matched_lora_config
+from ..losses import ce_tokens, head_logits, kl_sum, teacher_targets
+from ..progress import Progress
+from ..train_config import TrainConfig
+from .log import read_log, records
+from .trainee import Counts, StepPlan
+
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+
+@torch.no_grad()
+def sequence_nll(model, data: Packed, batch_size: int = 4) -> tuple[list[float], list[int]]:
+    """Per sequence: the next-token NLL summed over its labelled targets (float32), and their count."""
+    was = model.training
+    model.eval()
+    nll, targets = [], []
+    for ids, labels in data.batches(batch_size, model_device(model)):
+        per = ce_tokens(model(input_ids=ids, use_cache=False).logits, labels)  # (B, T)
+        nll += per.double().sum(-1).tolist()
+        targets += (labels[:, 1:] != -100).sum(-1).tolist()
+    model.train(was)
+    return nll, targets
+
+
+class LoraRecipe:
+    """A LoRA arm (`LoraArm`: the parameters to match, the layers to remove, the healing objective)."""
+
+    name = "lora"
+
+    def __init__(self, arm: LoraArm):
+        self.arm = arm
+
+    def build(self, base: nn.Module, cfg: TrainConfig, val_data: Packed) -> "LoraTrainee":
+        nll, targets = sequence_nll(base, val_data, 1)
+        ppl_backbone = math.exp(sum(nll) / sum(targets))
+        removed = prune_keeping(base, set(self.arm.drop_layers)) if self.arm.drop_layers else None
+        lora_config, accounting = matched_lora_config(base, self.arm.params)
+        model = add_lora(base, lora_config)
+        objective = HealingObjective(model, self.arm.objective, self.arm.temperature, cfg.loss_chunk, removed)
+        return LoraTrainee(model, objective, self.arm, accounting, ppl_backbone)
+
+    def config_text(self, cfg: TrainConfig) -> str:
+        return arm_config_text(cfg, self.arm)
+
+    def identity(self, cfg: TrainConfig) -> dict:
+        return {**cfg.what_it_trains(), "lora": dataclasses.asdict(self.arm)}
+
+    def recorded_identity(self, path: Path) -> dict:
+        cfg, arm = read_arm(path.parent)  # compared as configs: a field added since reads as its default
+        return LoraRecipe(arm).identity(cfg)
+
+    def check(self, cfg: TrainConfig) -> None:
+        if cfg.shard:
+            raise ReskipError("--shard keeps the decoder layers frozen and sharded: a LoRA trains inside them, so its "
+                              "arms train data-parallel only")
+
+
+class LoraTrainee:
+    terms = ("loss", "ce", "kl")
+
+    def __init__(self, model, objective: HealingObjective, arm: LoraArm, accounting: dict, ppl_backbone: float):
+        self.model = model
+        self.objective = objective
+        self.arm = arm
+        self.accounting = accounting
+        self.ppl_backbone = ppl_backbone
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return trainable_parameters(self.model)
+
+    def parameter_groups(self, cfg: TrainConfig) -> list[dict]:
+        return [{"params": self.trainable_parameters(), "lr_mult": 1.0, "name": "lora"}]
+
+    def plan(self, step: int, cfg: TrainConfig, batch_shape: tuple[int, ...]) -> StepPlan:
+        self.model.train()  # validation leaves it in eval mode
+        return StepPlan()
+
+    def micro(self, objective, ids, labels, plan: StepPlan, lo: int, n: int, counts: Counts) -> dict:
+        # divided by its count (not multiplied by 1 / count): with one process and no accumulation the loss is
+        # ce_sum / n_targets, as the arms trained before the one loop computed it
+        return objective(ids, labels, counts.targets / (counts.world * counts.grad_accum),
+                         counts.positions / (counts.world * counts.grad_accum))
+
+    def record_names(self) -> dict[str, str]:
+        return {"loss": "loss", "ce": "ce", **({"kl": "kl"} if self.arm.objective != "ce" else {})}
+
+    @torch.no_grad()
+    def validate(self, data: Packed, step: int, cfg: TrainConfig, cache: dict, bar: Progress) -> dict:
+        """Perplexity on the validation split (as `sequence_nll`) and KL(backbone || model) per position: the
+        teacher's final hidden states (1, T, d) computed once per sequence and kept, its logits reapplied by the
+        head (the same operations as its forward)."""
+        model, base = self.model, self.model.get_base_model()
+        was = model.training
+        model.eval()
+        nll = kl = 0.0
+        targets = positions = 0
+        for i, (ids, labels) in enumerate(data.batches(1, model_device(model))):
+            if i not in cache:
+                with self.objective.teacher():
+                    cache[i] = compat.decoder_body(base)(input_ids=ids, use_cache=False).last_hidden_state
+            teacher = teacher_targets(head_logits(cache[i], compat.output_head(base)))  # p: (1, T, V)
+            z = model(input_ids=ids, use_cache=False).logits  # (1, T, V)
+            nll += ce_tokens(z, labels).double().sum().item()
+            targets += int((labels[:, 1:] != -100).sum())
+            kl += kl_sum(teacher, z).item()
+            positions += ids.numel()
+            bar.update(1)
+        model.train(was)
+        return {"ppl_full": math.exp(nll / targets), "ppl_backbone": self.ppl_backbone, "kl_full": kl / positions}
+
+    def save_weights(self, folder: Path, step: int) -> None:
+        self.model.save_pretrained(folder)
+
+    def load_weights(self, folder: Path) -> None:
+        set_peft_model_state_dict(self.model, load_file(folder / ADAPTER_WEIGHTS))
+
+    def finish(self, folder: Path, cfg: TrainConfig, log_path: Path, wall_s: float, device: str, tokens: int) -> dict:
+        log = read_log(log_path) or []
+        evals, trains = records(log, "eval"), records(log, "train")
+        summary = {"steps": trains[-1]["step"] if trains else 0, "tokens_seen": tokens, "wall_s_process": wall_s,
+                   "train_wall_s": trains[-1]["elapsed_s"] if trains else 0.0, "ppl_backbone": self.ppl_backbone,
+                   "ppl_full": {"start": evals[0]["ppl_full"], "end": evals[-1]["ppl_full"]},
+                   "kl_full": {"start": evals[0].get("kl_full"), "end": evals[-1].get("kl_full")},
+                   "lora": self.accounting, "drop_layers": self.arm.drop_layers, "drop_blocks": self.arm.drop_blocks,
+                   "objective": self.arm.objective, "temperature": self.arm.temperature, "lr": cfg.lr,
+                   "dtype": cfg.dtype, "device": device}
+        atomic_folder(folder, lambda tmp: self.model.save_pretrained(tmp))
+        return summary
