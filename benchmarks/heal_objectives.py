@@ -38,7 +38,7 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=1.0)
     args = ap.parse_args()
     out = Path(args.out)
-    pc = PipelineConfig(args.preset)
+    pc = PipelineConfig(preset=args.preset)
     cfg = TrainConfig.from_dict({**pc.train_config().to_dict(), "lr": args.lr})
     target = count_params(load_config(cfg.model), cfg.retrofit_config()).new_params
     splits, _ = load_splits(cfg.data)

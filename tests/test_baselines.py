@@ -132,18 +132,21 @@ def test_baselines_experiment_trains_every_method_at_every_lr_and_reads_them_aga
     out = tmp_path / "out"
     args = ["experiment", "baselines", "--model", str(model), "--data", str(corpus), "--out", str(out), "--preset",
             "standard", "--steps", "2", "--batch-size", "2", "--seq-len", "16", "--block-size", "1", "--rank", "8",
-            "--lrs", "0.01", "0.02", "--quiet"]
+            "--lrs", "0.01", "0.02", "--heal", "ce", "kd", "--quiet"]
     assert main([*args, "--arms", "lora"]) == 0  # one method now: the results wait for the others
     folder = out / "experiments" / "baselines"
     assert not (folder / "results.json").exists() and (folder / "arms" / "lora@0.02" / "adapter").is_dir()
     assert main(args) == 0
     r = json.loads((folder / "results.json").read_text())
     sweep_before = r["sweep"]
-    assert set(r["sweep"]) == {f"{m}@{lr}" for m in ("recipe", "lora", "healed-static:1", "healed-static:2")
-                               for lr in ("0.01", "0.02")}
-    for method, name in r["chosen"].items():  # the lowest validation perplexity of each method's sweep
-        assert r["sweep"][name]["val_ppl"] == min(a["val_ppl"] for n, a in r["sweep"].items()
-                                                  if n.startswith(method + "@"))
+    methods = ("recipe", "lora", "healed-static:1", "healed-static:2", "healed-static:1:kd", "healed-static:2:kd")
+    assert set(r["sweep"]) == {f"{m}@{lr}" for m in methods for lr in ("0.01", "0.02")}
+    for method, name in r["chosen"].items():  # each method's arm closest on validation to what it trains toward
+        by = "val_kl" if method.endswith(":kd") else "val_ppl"
+        assert r["chosen_by"][method] == by
+        assert r["sweep"][name][by] == min(a[by] for a in r["sweep"].values() if a["method"] == method)
+    kd_arm = r["sweep"][r["chosen"]["healed-static:1:kd"]]
+    assert kd_arm["objective"] == "kd" and kd_arm["drop_blocks"] == r["sweep"][r["chosen"]["healed-static:1"]]["drop_blocks"]
     costs = r["backbone_blocks"]["A"]
     cheapest = sorted((int(n) for n in costs if 1 < int(n) < 6), key=lambda n: costs[str(n)])
     assert r["sweep"][r["chosen"]["healed-static:1"]]["drop_blocks"] == cheapest[:1]
@@ -171,7 +174,14 @@ def test_baselines_experiment_trains_every_method_at_every_lr_and_reads_them_aga
     assert abs(r["sweep"][r["chosen"]["lora"]]["params"] - r["target_params"]) <= 256
     for d in r["intervals"].values():
         assert d["lo"] <= d["mean"] <= d["hi"]
-    assert len(r["claims"]) == 10 and "sequence:1" in r["verdict"] and "Nothing skipped, retrofit" in r["verdict"] and "on kjv" in r["verdict"]
+    fid = r["fidelity_intervals"]["kl"]
+    assert {"healed-static:1:kd - healed-static:1 (kjv)", "healed-static:2:kd - pruned:2 (test)"} <= set(fid)
+    d = fid["healed-static:1:kd - healed-static:1 (test)"]
+    assert d["lo"] <= d["mean"] <= d["hi"]
+    assert d["mean"] == pytest.approx(rows["healed-static:1:kd"]["kl_to_backbone"]["test"]
+                                      - rows["healed-static:1"]["kl_to_backbone"]["test"], abs=1e-6)
+    assert "closest to the backbone" in r["verdict"] and "KL of healing by kd minus by ce" in r["verdict"]
+    assert len(r["claims"]) == 14 and "sequence:1" in r["verdict"] and "Nothing skipped, retrofit" in r["verdict"] and "on kjv" in r["verdict"]
     md = (folder / "results.md").read_text()
     assert "healed-static:1" in md and "The learning-rate sweep" in md
     assert (folder / "frontier.png").read_bytes()[:4] == b"\x89PNG"
@@ -189,7 +199,7 @@ def test_baselines_experiment_trains_every_method_at_every_lr_and_reads_them_aga
     assert cfg.retrofit["rank"] == 4 and cfg.retrofit["shortcut_rank"] == 4 and cfg.retrofit["inner_lora"] > 0
     assert TrainConfig.from_file(folder / "arms" / "full-teacher@0.01" / "config.yaml").skip_teacher == "full"
     assert {"side+lora / retrofit", "full-teacher / static:1"} <= set(r["rows"])
-    assert "side+lora / retrofit - lora (kjv)" in r["intervals"] and len(r["claims"]) == 22
+    assert "side+lora / retrofit - lora (kjv)" in r["intervals"] and len(r["claims"]) == 26
     assert "full-teacher / reskip:budget=1" in r["verdict"]
 
     # where a run computes is not what it trains: asked on another device, every finished arm is read back

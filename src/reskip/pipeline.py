@@ -64,21 +64,26 @@ class PipelineConfig(RunOptions):
         values = {**PRESETS[self.preset]["train"], **self.overrides}
         retrofit = {k: values.pop(k) for k in RETROFIT_KEYS if k in values}
         return TrainConfig.from_dict({**values, "model": self.model, "data": list(self.data), "retrofit": retrofit,
-                                      "dtype": self.dtype, "device": self.device})
+                                      "dtype": self.dtype, "device": self.device,
+                                      "trust_remote_code": self.trust_remote_code})
 
     def calibrate_options(self) -> CalibrateOptions:
-        return CalibrateOptions(delta=self.delta, dtype=self.dtype, device=self.device, **PRESETS[self.preset]["calibrate"])
+        return CalibrateOptions(delta=self.delta, **self.backbone(), **PRESETS[self.preset]["calibrate"])
 
     def eval_options(self) -> EvalOptions:
         # The budgeted policy is the run's ReSkip (calibrate stores the frontier); every method is
         # also measured on the held-out source, with the thresholds calibrated on the run's data.
         heldout = [s for s in HELDOUT if s not in self.data]
-        return EvalOptions(quiet=True, dtype=self.dtype, device=self.device,
+        return EvalOptions(quiet=True, **self.backbone(),
                            mc_methods=parse_specs(list(MC_METHODS), METHOD_KINDS), heldout=heldout or None,
                            calib_sequences=PRESETS[self.preset]["calibrate"]["sequences"], **PRESETS[self.preset]["eval"])
 
     def diagnose_options(self) -> DiagnoseOptions:
-        return DiagnoseOptions(dtype=self.dtype, device=self.device, **PRESETS[self.preset]["diagnose"])
+        return DiagnoseOptions(**self.backbone(), **PRESETS[self.preset]["diagnose"])
+
+    def backbone(self) -> dict:
+        """The backbone options every stage of the run takes as the run's (the model is the run's own)."""
+        return {"dtype": self.dtype, "device": self.device, "trust_remote_code": self.trust_remote_code}
 
 
 def _state(run: RunFolder) -> dict:
@@ -102,6 +107,7 @@ def _state(run: RunFolder) -> dict:
     need(state["preset"] in PRESETS, f"preset {str(state['preset'])[:40]!r} is not one of {', '.join(PRESETS)}")
     need(isinstance(state["data"], list) and all(isinstance(d, str) for d in state["data"]), "data must be a list of specs")
     need(state.get("model") is None or isinstance(state["model"], str), "model must be a name, a path or null")
+    need(isinstance(state.get("trust_remote_code", False), bool), "trust_remote_code must be true or false")
     need(isinstance(state.get("overrides", {}), dict), "overrides must be an object")
     need(is_finite_number(state["delta"]), "delta must be a finite number")
     return state
@@ -109,8 +115,9 @@ def _state(run: RunFolder) -> dict:
 
 def config_of(state: dict) -> PipelineConfig:
     """The PipelineConfig a pipeline.json records."""
-    return PipelineConfig(state["preset"], state["model"], state["data"], state.get("overrides", {}), state["delta"],
-                          state["dtype"])
+    return PipelineConfig(preset=state["preset"], model=state["model"], data=state["data"],
+                          overrides=state.get("overrides", {}), delta=state["delta"], dtype=state["dtype"],
+                          trust_remote_code=state.get("trust_remote_code", False))
 
 
 def run_pipeline(run_dir: Path, config: PipelineConfig | None = None, resume: bool = False) -> dict:
@@ -139,7 +146,8 @@ def _run_stages(run: RunFolder, config: PipelineConfig | None, resume: bool) -> 
     config = dataclasses.replace(config, dtype=resolve_dtype_name(config.dtype, device), device=device)
     run.root.mkdir(parents=True, exist_ok=True)
     if not resume:
-        state.update(preset=config.preset, model=config.model, data=list(config.data), delta=config.delta,
+        state.update(preset=config.preset, model=config.model, trust_remote_code=config.trust_remote_code,
+                     data=list(config.data), delta=config.delta,
                      overrides=dict(config.overrides), dtype=config.dtype)
     if not resume or state.get("device") != device:  # where the latest stages ran
         state["device"] = device

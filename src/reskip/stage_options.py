@@ -45,15 +45,22 @@ PRESET_HELP = ("the sizes of every stage: quick (a smoke run), medium (screening
 
 
 @dataclass
-class StageOptions:
-    """The options every stage that opens a trained run takes; a stage's own class adds its fields and may
-    redefine these with its own default or help."""
+class BackboneOptions:
+    """What every command that loads a backbone takes: which model, in which dtype, on which device, and whether its
+    own Python code may run. Every options class derives from it (redefining a field only for its default or help)."""
 
     model: str | None = described(None, "the backbone: a Hugging Face id, a local folder or a .gguf (None: the "
                                         "run's, else the bundled SmolLM2-135M-Instruct)")
     dtype: str = described("auto", DTYPE_HELP, choices=DTYPE_NAMES)
     device: str = described("auto", DEVICE_HELP, pattern=DEVICE_PATTERN)
     trust_remote_code: bool = described(False, "allow the model's own Python code to run")
+
+
+@dataclass
+class StageOptions(BackboneOptions):
+    """The options every stage that opens a trained run takes; a stage's own class adds its fields and may
+    redefine these with its own default or help."""
+
     data: list[str] | None = described(None, "data specs (None: the run's own)")
     sequences: int = described(16, "sequences read from the stage's split", low=1)
     seq_len: int | None = described(None, "tokens per sequence (None: the run's training seq_len, else 256)", low=8)
@@ -61,12 +68,15 @@ class StageOptions:
 
 
 @dataclass
-class RunOptions:
+class RunOptions(BackboneOptions):
     """What a run of the main job is made of (recorded in pipeline.json, so a resumed run is the same); the pipeline's
     `PipelineConfig` adds the stages' options derived from them."""
 
-    preset: str = described("standard", PRESET_HELP, choices=tuple(PRESETS))
     model: str | None = described(None, "the backbone (None: the bundled SmolLM2-135M-Instruct)")
+    dtype: str = described("auto", DTYPE_HELP + "; every stage's ('auto' is resolved once, when the run starts)",
+                           choices=DTYPE_NAMES)
+    device: str = described("auto", DEVICE_HELP + "; every stage's", pattern=DEVICE_PATTERN)
+    preset: str = described("standard", PRESET_HELP, choices=tuple(PRESETS))
     data: list[str] = described(default_factory=lambda: ["default"], help="training data specs (default: the "
                                                                           "bundled mix)")
     overrides: dict = described(default_factory=dict, help="training values over the preset's (TrainConfig keys; "
@@ -74,9 +84,6 @@ class RunOptions:
     delta: float = described(1.0, "calibration: a block is eligible for skipping when its ablation cost A(n) "
                                   "(perplexity with the block skipped / without) < 1 + delta; 1.0 admits every block "
                                   "whose skipping at most doubles perplexity", low=0.0)
-    dtype: str = described("auto", DTYPE_HELP + "; every stage's ('auto' is resolved once, when the run starts)",
-                           choices=DTYPE_NAMES)
-    device: str = described("auto", DEVICE_HELP + "; every stage's", pattern=DEVICE_PATTERN)
 
 
 @dataclass

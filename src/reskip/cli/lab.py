@@ -14,7 +14,8 @@ def cmd_lab(args) -> int:
 
     o = options_from_args(LabOptions, args)
     check_port(o.port)  # before the model loads and before any URL is printed
-    serve(LabSession(args.run, model=o.model, dtype=o.dtype, device=o.device), o.port)
+    serve(LabSession(args.run, model=o.model, dtype=o.dtype, device=o.device, trust_remote_code=o.trust_remote_code),
+          o.port)
     return 0
 
 

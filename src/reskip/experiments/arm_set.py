@@ -50,7 +50,7 @@ def base_config(options: ExperimentOptions, check: bool = True) -> TrainConfig:
         overrides["eval_every"] = max(1, steps // 10)
     # an arm's A(n) is its calibration's; the skip-branch KL at every validation would be one more pass per block
     overrides.setdefault("skip_kl_curve", False)
-    pc = PipelineConfig(options.preset, options.model, list(options.data), overrides,
+    pc = PipelineConfig(trust_remote_code=options.trust_remote_code, preset=options.preset, model=options.model, data=list(options.data), overrides=overrides,
                         dtype=resolve_dtype_name(options.dtype, resolve_device(options.device)), device=options.device)
     if check:
         pc.check()

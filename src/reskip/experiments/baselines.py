@@ -1,22 +1,27 @@
 """`reskip experiment baselines`: the recipe beside what a user would do instead, at the same trainable
 parameters, training tokens, schedule and evaluation sequences.
 
-Methods (each trained once per learning rate of one shared sweep; the one with the lowest final validation
-perplexity is kept, the same rule for every method):
+Methods (`sweep_methods`; each trained once per learning rate of one shared sweep; the arm kept is the one closest on
+validation to what the method trains toward: the lowest final perplexity for the recipe and `ce`, the lowest KL to
+the backbone for `kd`):
 - `recipe`: the standard recipe (`train.loop.train`), then its own calibrate and eval stages (ReSkip's
   budgets, static pruning with the learned shortcut, influence and random at the same measured skips);
 - `lora`: PEFT LoRA on every linear projection of the frozen backbone, ranks set so that its parameters match
   the side-channel's (`baselines.lora`), plain CE with the recipe's loss mask;
 - `healed-static:K`: the K middle blocks whose removal costs the backbone least on the calibration split
-  (A(n) of the backbone itself) removed, the rest healed by a LoRA of the same parameter count.
+  (A(n) of the backbone itself) removed, the rest healed by a LoRA of the same parameter count with cross-entropy;
+  with `heal`, also `healed-static:K:kd` (healed by distillation from the backbone: KL on every position) and
+  `healed-static:K:kd+ce` (`baselines.healing`).
 With `variants`, the recipe's variants that could close the gap, each at the same total trainable parameters:
 - `side+lora`: the side-channel at half its rank (corrections and shortcuts) and a LoRA inside the frozen blocks
   with the parameters that frees (`RetrofitConfig.inner_lora`), trained together by the recipe's loss;
 - `full-teacher`: the recipe with its skip branch distilled toward the full path instead of the frozen backbone
   (`TrainConfig.skip_teacher`: a named departure from the source design).
 Measured on the validation split (the sweep), the test split and the held-out kjv (the recipe's eval sequences,
-16 x 256), with 95% bootstrap intervals over sequences for the differences the verdict reads. Without
-healing, the same pruned backbones are measured too (`pruned:K`), so the table shows what healing buys.
+16 x 256), by one eval of the chosen recipe run that scores every arm against the same backbone references
+(perplexity, KL to the backbone, top-1 agreement), with 95% bootstrap intervals over sequences for the differences
+the verdict reads. Without healing, the same pruned backbones are measured too (`pruned:K`), so the table shows what
+healing buys.
 
 Every arm is a run folder under OUT/experiments/baselines/arms/<method>-lr-<lr>; a finished one is read, a
 stopped one resumed, so separate processes can train arms side by side (`--arms`).
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +41,7 @@ from ..backbones.dtypes import resolve_dtype_name
 from ..backbones.loading import load_backbone, load_config
 from ..baselines.pruning import BlockCosts, backbone_block_costs
 from ..baselines.arms import LoraArm
+from ..baselines.healing import HEAL_OBJECTIVES
 from ..baselines.train import train_lora
 from ..data.packing import pack
 from ..data.sources import load_splits
@@ -54,11 +61,42 @@ from ..train_config import TrainConfig
 from ..train.log import read_log, records
 from ..train.loop import train_run
 from ..train.checkpoint import latest_checkpoint
-from .baselines_tables import RECIPE_ROWS, SPLITS, VARIANT_ROWS, claims, intervals, tables, variant_row, verdict
+from .baselines_tables import (RECIPE_ROWS, SPLITS, VARIANT_ROWS, claims, fidelity_intervals, intervals, tables,
+                               variant_row, verdict)
 from .options import ExperimentOptions
 
-METHODS = ("recipe", "lora", "healed-static:1", "healed-static:2")
-VARIANTS = ("side+lora", "full-teacher")  # recipe variants at the same total trainable parameters (`--variants`)
+@dataclass(frozen=True)
+class SweepMethod:
+    """One method of the sweep, typed: what trains it (`train.trainee`'s recipes: "retrofit" or "lora"), how many of
+    the backbone's cheapest blocks a LoRA arm removes, and how it heals (`baselines.healing`). Its arms are chosen
+    on validation by what it trains toward: perplexity for the recipe and `ce`, KL to the backbone for `kd`."""
+
+    name: str
+    trains: str
+    drop: int = 0
+    objective: str = "ce"
+
+    @property
+    def chosen_by(self) -> str:
+        return "val_kl" if self.objective != "ce" else "val_ppl"
+
+    @property
+    def eval_kind(self) -> str | None:
+        """How `reskip eval` scores its chosen arm (`skip.spec.KINDS`); None: the recipe's own eval."""
+        return None if self.trains == "retrofit" else "healed" if self.drop else "lora"
+
+
+def sweep_methods(heal: list[str]) -> dict[str, SweepMethod]:
+    """The methods every run trains: the recipe, a LoRA, and the cheapest 1 and 2 blocks removed and healed with
+    each objective of `heal` (`healed-static:K` for ce, `healed-static:K:OBJ` for the others)."""
+    out = [SweepMethod("recipe", "retrofit"), SweepMethod("lora", "lora")]
+    out += [SweepMethod(f"healed-static:{k}" + ("" if h == "ce" else f":{h}"), "lora", k, h)
+            for h in heal for k in (1, 2)]
+    return {m.name: m for m in out}
+
+
+# recipe variants at the same total trainable parameters (`--variants`)
+RECIPE_VARIANTS = {v: SweepMethod(v, "retrofit") for v in ("side+lora", "full-teacher")}
 LR_FACTORS = (0.5, 1.0, 2.0)  # the sweep: these multiples of the recipe's learning rate, for every method
 COSTS_FILE = "backbone_blocks.json"
 
@@ -66,9 +104,14 @@ COSTS_FILE = "backbone_blocks.json"
 def run(options: ExperimentOptions, folder: Path, show=print) -> dict | None:
     if options.lrs is not None and not all(math.isfinite(lr) and lr > 0 for lr in options.lrs):
         raise ReskipError(f"--lrs: every learning rate must be a finite number > 0, got {options.lrs}")
-    methods = METHODS + _variants(options.variants)
+    for h in options.heal:
+        if h not in HEAL_OBJECTIVES:
+            raise ReskipError(f"--heal: no objective {h!r}; the objectives: {', '.join(HEAL_OBJECTIVES)}")
+    table = {**sweep_methods(options.heal), **{v: RECIPE_VARIANTS[v] for v in _variants(options.variants)}}
+    methods = tuple(table)
     chosen = _chosen_arms(options.arms, methods)
-    pc = PipelineConfig(options.preset, options.model, list(options.data), {**options.overrides, "seed": options.seed},
+    pc = PipelineConfig(trust_remote_code=options.trust_remote_code, preset=options.preset, model=options.model, data=list(options.data),
+                        overrides={**options.overrides, "seed": options.seed},
                         dtype=options.dtype, device=options.device)
     pc.check()
     recipe = pc.train_config()
@@ -85,21 +128,23 @@ def run(options: ExperimentOptions, folder: Path, show=print) -> dict | None:
                 continue
             show(f"[experiment baselines] arm {name}")
             cfg = variant_config(method, dataclasses.replace(recipe, lr=lr), target)
-            arms[name] = _train_arm(method, cfg, where, target, costs, not options.quiet)
+            arms[name] = _train_arm(table[method], cfg, where, target, costs, not options.quiet)
     if pending:
         show(f"[experiment baselines] not trained yet: {', '.join(pending)}; results.json is written by the run "
              "that finds every arm finished")
         return None
-    best = {m: min((n for n in arms if n.startswith(m + "@")), key=lambda n: arms[n]["val_ppl"]) for m in methods}
-    variants = [m for m in methods if m in VARIANTS]
-    measured = _measure(pc, folder, best, costs, variants, show)
+    best = {m: min((n for n in arms if arms[n]["method"] == m), key=lambda n: arms[n][table[m].chosen_by])
+            for m in methods}
+    variants = [m for m in methods if m in RECIPE_VARIANTS]
+    measured = _measure(pc, folder, best, costs, variants, show, table)
     out = {"experiment": "baselines", "preset": options.preset, "model": recipe.model, "data": list(recipe.data),
            "seed": recipe.seed, "dtype": measured["dtype"], "lrs": lrs, "target_params": target,
            "training": {"steps": recipe.steps, "batch_size": recipe.batch_size, "seq_len": recipe.seq_len,
                       "tokens": recipe.steps * recipe.batch_size * recipe.seq_len},
            "backbone_blocks": {**costs.to_dict(), "dropped": {str(k): costs.cheapest(k) for k in (1, 2)},
                                "influence_would_drop": {str(k): costs.most_similar(k) for k in (1, 2)}},
-           "sweep": arms, "chosen": best, "variants": variants, **measured}
+           "sweep": arms, "chosen": best, "variants": variants, "heal": list(options.heal),
+           "chosen_by": {m: table[m].chosen_by for m in methods}, **measured}
     out["claims"] = claims(out)
     out["tables"] = tables(out)
     out["verdict"] = verdict(out)
@@ -121,10 +166,11 @@ def _variants(asked: list[str] | None) -> tuple[str, ...]:
     """The variants a run includes: none (None), every one ([]), or those named, in their table's order."""
     if asked is None:
         return ()
-    unknown = [v for v in asked if v not in VARIANTS]
+    unknown = [v for v in asked if v not in RECIPE_VARIANTS]
     if unknown:
-        raise ReskipError(f"--variants: no variant {', '.join(map(repr, unknown))}; the variants: {', '.join(VARIANTS)}")
-    return tuple(v for v in VARIANTS if not asked or v in asked)
+        raise ReskipError(f"--variants: no variant {', '.join(map(repr, unknown))}; the variants: "
+                          f"{', '.join(RECIPE_VARIANTS)}")
+    return tuple(v for v in RECIPE_VARIANTS if not asked or v in asked)
 
 
 def _chosen_arms(arms: list[str] | None, methods: tuple[str, ...]) -> set[str]:
@@ -132,7 +178,7 @@ def _chosen_arms(arms: list[str] | None, methods: tuple[str, ...]) -> set[str]:
         return set(methods)
     unknown = [a for a in arms if a not in methods]
     if unknown:
-        more = "" if set(unknown) - set(VARIANTS) else " (the variants need --variants)"
+        more = "" if set(unknown) - set(RECIPE_VARIANTS) else " (the variants need --variants)"
         raise ReskipError(f"`baselines` has no method {', '.join(map(repr, unknown))}; its methods: "
                           f"{', '.join(methods)}{more}")
     return set(arms)
@@ -180,10 +226,11 @@ def _block_costs(pc: PipelineConfig, folder: Path, show) -> BlockCosts:
     return costs
 
 
-def _train_arm(method: str, cfg: TrainConfig, where: Path, target: int, costs: BlockCosts, progress: bool) -> dict:
+def _train_arm(method: SweepMethod, cfg: TrainConfig, where: Path, target: int, costs: BlockCosts,
+               progress: bool) -> dict:
     """Train one arm (or read it when finished); its row of the sweep."""
     files = RunFolder(where)
-    if method in ("recipe", *VARIANTS):
+    if method.trains == "retrofit":
         # placement (device, sharding) is not what a run trains: a recipe run made elsewhere is reused here
         if files.config.is_file() and TrainConfig.from_file(files.config).what_it_trains() != dataclasses.replace(
                 cfg, dtype=resolve_dtype_name(cfg.dtype)).what_it_trains():
@@ -192,14 +239,16 @@ def _train_arm(method: str, cfg: TrainConfig, where: Path, target: int, costs: B
             train_run(where, cfg, resume=latest_checkpoint(where) is not None, show_progress=progress, overwrite=True)
         s = read_json(files.summary)
         params = count_params(load_config(cfg.model, cfg.trust_remote_code), cfg.retrofit_config()).new_params
-        return {"method": method, "lr": cfg.lr, "val_ppl": s["ppl_full"]["end"], "val_ppl_backbone": s["ppl_backbone"],
-                "params": params, "train_wall_s": _train_wall(files)}
-    k = int(method.split(":")[1]) if ":" in method else 0
-    blocks = costs.cheapest(k) if k else []
-    arm = LoraArm(params=target, drop_layers=sorted(costs.layers_of(blocks)), drop_blocks=blocks)
+        return {"method": method.name, "lr": cfg.lr, "val_ppl": s["ppl_full"]["end"],
+                "val_ppl_backbone": s["ppl_backbone"], "val_kl": s["kl_full"]["end"], "params": params,
+                "train_wall_s": _train_wall(files)}
+    blocks = costs.cheapest(method.drop) if method.drop else []
+    arm = LoraArm(params=target, drop_layers=sorted(costs.layers_of(blocks)), drop_blocks=blocks,
+                  objective=method.objective)
     s = train_lora(cfg, arm, where, show_progress=progress)
-    return {"method": method, "lr": cfg.lr, "val_ppl": s["ppl_full"]["end"], "val_ppl_backbone": s["ppl_backbone"],
-            "params": s["lora"]["parameters"], "ranks": s["lora"]["ranks"], "drop_blocks": blocks,
+    return {"method": method.name, "lr": cfg.lr, "val_ppl": s["ppl_full"]["end"], "val_ppl_backbone": s["ppl_backbone"],
+            "val_kl": (s.get("kl_full") or {}).get("end"), "params": s["lora"]["parameters"],
+            "ranks": s["lora"]["ranks"], "drop_blocks": blocks, "objective": method.objective,
             "train_wall_s": s["train_wall_s"]}
 
 
@@ -238,21 +287,22 @@ def _recipe_eval(pc: PipelineConfig, folder: Path, arm: str, full: bool, models:
     return ev
 
 
-def _trained_methods(folder: Path, best: dict) -> dict[str, str]:
+def _trained_methods(folder: Path, best: dict, table: dict[str, SweepMethod]) -> dict[str, str]:
     """Each baseline row -> the eval method that scores it: the chosen LoRA and healed arms by their folders, the
     unhealed prunings by their block count."""
     out = {f"pruned:{k}": f"pruned:{k}" for k in (1, 2)}
-    for method in METHODS[1:]:
-        kind = "healed" if method.startswith("healed-static:") else "lora"
-        out[method] = f"{kind}:{folder / 'arms' / arm_slug(best[method])}"
+    for name, method in table.items():
+        if method.eval_kind is not None:
+            out[name] = f"{method.eval_kind}:{folder / 'arms' / arm_slug(best[name])}"
     return out
 
 
-def _measure(pc: PipelineConfig, folder: Path, best: dict, costs: BlockCosts, variants: list[str], show) -> dict:
+def _measure(pc: PipelineConfig, folder: Path, best: dict, costs: BlockCosts, variants: list[str], show,
+             table: dict[str, SweepMethod]) -> dict:
     """Every row of the table on the test split and kjv, from one eval of the chosen recipe run that scores the
     LoRA arms, the healed arms and the unhealed pruned backbones beside its own methods, against the same
     references (`_recipe_eval`); each variant's rows from an eval of its chosen run."""
-    trained = _trained_methods(folder, best)
+    trained = _trained_methods(folder, best, table)
     ev = _recipe_eval(pc, folder, best["recipe"], full=True, models=tuple(trained.values()))
     methods = {"test": ev["methods"], "kjv": ev["heldout"]["methods"]}
     rows = {key: _recipe_row(methods, key) for key in ("backbone", *RECIPE_ROWS)
@@ -264,7 +314,9 @@ def _measure(pc: PipelineConfig, folder: Path, best: dict, costs: BlockCosts, va
         vm = {"test": vev["methods"], "kjv": vev["heldout"]["methods"]}
         rows.update({variant_row(v, key): _recipe_row(vm, key) for key in VARIANT_ROWS
                      if all(key in vm[s] for s in SPLITS)})
-    return {"dtype": ev["meta"]["dtype"], "rows": rows, "intervals": intervals(rows, variants),
+    heal = sorted({m.objective for m in table.values() if m.drop}, key=HEAL_OBJECTIVES.index)
+    return {"dtype": ev["meta"]["dtype"], "rows": rows, "intervals": intervals(rows, variants, heal),
+            "fidelity_intervals": fidelity_intervals(rows, variants, heal),
             "at_spent_compute": {sp: at_spent_compute(methods[sp]) for sp in SPLITS}, "recipe_eval": ev["path"]}
 
 
@@ -294,9 +346,10 @@ def at_spent_compute(methods: dict) -> list[dict]:
 def _recipe_row(methods: dict, key: str) -> dict:
     """A row of the table from the eval's results: per split, its compute, perplexity / the backbone's, fidelity
     to the backbone (KL, top-1 agreement) and its per-sequence sums."""
-    return {field: {s: methods[s][key][name] for s in SPLITS}
-            for field, name in (("blocks_skipped", "mean_skipped"), ("flops_executed_share", "flops_executed_share"),
-                                ("ppl_ratio", "ppl_ratio"), ("kl_to_backbone", "kl_to_backbone"),
-                                ("top1_agreement", "top1_agreement"), ("per_sequence", "per_sequence"))}
+    row = {field: {s: methods[s][key][name] for s in SPLITS}
+           for field, name in (("blocks_skipped", "mean_skipped"), ("flops_executed_share", "flops_executed_share"),
+                               ("ppl_ratio", "ppl_ratio"), ("kl_to_backbone", "kl_to_backbone"),
+                               ("top1_agreement", "top1_agreement"), ("per_sequence", "per_sequence"))}
+    return {"kind": methods["test"][key]["kind"], **row}
 
 

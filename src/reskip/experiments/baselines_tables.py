@@ -3,13 +3,15 @@ claims, the tables and the verdict. Reads the result dict only (`baselines.run` 
 
 Row keys: the recipe run's rows by their eval method name (`retrofit`, `reskip:budget=1`, `static:1`, ...), a
 recipe variant's as `<variant> / <method>`, the baselines' by their method (`lora`, `healed-static:1`,
-`pruned:1`) and `backbone`."""
+`healed-static:1:kd`, `pruned:1`) and `backbone`. Fidelity to the backbone (KL per position, top-1 agreement) is read
+first, perplexity beside it: below the backbone's on the mix's own test split, perplexity is fine-tuning on the mix,
+not quality."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..analysis.statistics import bootstrap_difference
+from ..analysis.statistics import bootstrap_difference, bootstrap_mean_difference
 from .record import claim
 
 SPLITS = ("test", "kjv")
@@ -30,10 +32,21 @@ def variant_row(variant: str, key: str) -> str:
     return f"{variant} / {key}"
 
 
-def comparisons(variants) -> list[tuple[str, str]]:
-    """The pairs whose difference the verdict reads: the recipe's against the baselines, and each variant's
-    nothing-skipped row against the LoRA and its one- and two-block rows against healed pruning."""
+def healed_key(k: int, objective: str) -> str:
+    return f"healed-static:{k}" + ("" if objective == "ce" else f":{objective}")
+
+
+def comparisons(variants, heal=("ce",)) -> list[tuple[str, str]]:
+    """The pairs whose difference the verdict reads: the recipe's against the baselines, each variant's
+    nothing-skipped row against the LoRA and its one- and two-block rows against healed pruning, and each healing
+    objective against cross-entropy's, the unhealed pruning and the recipe's skipping at the same blocks."""
     out = list(BASE_COMPARISONS)
+    for k in (1, 2):
+        out.append((f"healed-static:{k}", f"pruned:{k}"))
+        for h in heal:
+            if h != "ce":
+                out += [(healed_key(k, h), f"healed-static:{k}"), (healed_key(k, h), f"pruned:{k}"),
+                        (f"static:{k}", healed_key(k, h)), (f"reskip:budget={k}", healed_key(k, h))]
     for v in variants:
         out += [(variant_row(v, "retrofit"), "lora"), (variant_row(v, "retrofit"), "retrofit")]
         for k in (1, 2):
@@ -41,11 +54,29 @@ def comparisons(variants) -> list[tuple[str, str]]:
     return out
 
 
-def intervals(rows: dict, variants=()) -> dict:
+def fidelity_intervals(rows: dict, variants=(), heal=("ce",)) -> dict:
+    """a - b of KL to the backbone (per position) and of top-1 agreement with it, for each comparison the verdict
+    reads, per split, with their 95% bootstrap intervals over sequences (rows scored with per-sequence KL)."""
+    out = {"kl": {}, "top1": {}}
+    for a, b in comparisons(variants, heal):
+        if a not in rows or b not in rows:
+            continue
+        for s in SPLITS:
+            pa, pb = rows[a]["per_sequence"][s], rows[b]["per_sequence"][s]
+            if "kl" not in pa or "kl" not in pb:
+                continue
+            counts = np.array(pa["positions"], float)
+            for key, field in (("kl", "kl"), ("top1", "agree")):
+                out[key][f"{a} - {b} ({s})"] = bootstrap_mean_difference(
+                    np.array(pa[field], float), np.array(pb[field], float), counts)
+    return out
+
+
+def intervals(rows: dict, variants=(), heal=("ce",)) -> dict:
     """a - b of perplexity / backbone for each comparison the verdict reads, per split, with its 95% bootstrap
     interval over sequences."""
     out = {}
-    for a, b in comparisons(variants):
+    for a, b in comparisons(variants, heal):
         if a not in rows or b not in rows:  # a budget out of this model's reach
             continue
         for s in SPLITS:
@@ -63,7 +94,7 @@ def _ci(d: dict) -> str:
 
 def claims(r: dict) -> list[dict]:
     iv = r["intervals"]
-    out = []
+    out = fidelity_claims(r)
     subjects = [("retrofit", "the side-channel")] + [(variant_row(v, "retrofit"), v) for v in r.get("variants", [])]
     for key, label in subjects:
         for s in SPLITS:
@@ -86,12 +117,29 @@ def claims(r: dict) -> list[dict]:
     return out
 
 
-def _labels(variants) -> dict:
+def fidelity_claims(r: dict) -> list[dict]:
+    """Healing by distillation against cross-entropy, on KL to the backbone (lower is closer)."""
+    fid = r.get("fidelity_intervals", {}).get("kl", {})
+    out = []
+    for h in r.get("heal", ["ce"]):
+        for k in (1, 2) if h != "ce" else ():
+            for split in SPLITS:
+                d = fid.get(f"{healed_key(k, h)} - healed-static:{k} ({split})")
+                if d is not None:
+                    out.append(claim(f"at {k} block(s) removed, healing by {h} is closer to the backbone than by ce "
+                                     f"beyond the interval ({split})", f"KL {h} - ce = {_ci(d)}", d["hi"] < 0))
+    return out
+
+
+def _labels(variants, heal=("ce",)) -> dict:
     names = {"backbone": "backbone", **RECIPE_ROWS}
     for v in variants:
         names.update({variant_row(v, k): f"{v}: {RECIPE_ROWS[k]}" for k in VARIANT_ROWS})
-    return {**names, "lora": "LoRA", "pruned:1": "pruned:1 (no healing)", "healed-static:1": "healed-static:1",
-            "pruned:2": "pruned:2 (no healing)", "healed-static:2": "healed-static:2"}
+    names["lora"] = "LoRA"
+    for k in (1, 2):
+        names[f"pruned:{k}"] = f"pruned:{k} (no healing)"
+        names.update({healed_key(k, h): f"healed-static:{k}, healed by {h}" for h in heal})
+    return names
 
 
 def _method_of(key: str) -> str:
@@ -101,24 +149,31 @@ def _method_of(key: str) -> str:
     return "recipe" if key in RECIPE_ROWS else key
 
 
+def _fidelity(row: dict, split: str) -> str:
+    kl, top1 = row.get("kl_to_backbone"), row.get("top1_agreement")
+    return "- | -" if kl is None else f"{kl[split]:.4f} | {top1[split]:.4f}"
+
+
 def _main_table(r: dict) -> list[str]:
     rows, sweep = r["rows"], r["sweep"]
     chosen = {m: sweep[n] for m, n in r["chosen"].items()}
     main = ["| method | blocks skipped / step (test, kjv) | layer FLOPs executed | trainable params | lr | "
-            "val ppl / backbone | test ppl / backbone | kjv ppl / backbone | training wall (min) |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for key, label in _labels(r.get("variants", [])).items():
+            "kjv KL to backbone | kjv top-1 agreement | kjv ppl / backbone | test KL to backbone | test top-1 agreement "
+            "| test ppl / backbone | val ppl / backbone | training wall (min) |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for key, label in _labels(r.get("variants", []), r.get("heal", ["ce"])).items():
         if key not in rows:
             continue
         row, m = rows[key], chosen.get(_method_of(key))
-        skipping = key.split(" / ")[-1].startswith(("reskip", "static", "sequence"))
+        skipping = row.get("kind", "") in ("reskip", "static", "sequence") or " / " in key and key.split(" / ")[-1] != "retrofit"
         val = "-" if m is None or skipping else f"{m['val_ppl'] / m['val_ppl_backbone']:.4f}"
         if key == "backbone":
             val = "1.0000"
         main.append(f"| {label} | {row['blocks_skipped']['test']:.2f}, {row['blocks_skipped']['kjv']:.2f} "
                     f"| {row['flops_executed_share']['test']:.3f} | {'-' if m is None else format(m['params'], ',')} "
-                    f"| {'-' if m is None else format(m['lr'], 'g')} | {val} | {row['ppl_ratio']['test']:.4f} "
-                    f"| {row['ppl_ratio']['kjv']:.4f} | {'-' if m is None else format(m['train_wall_s'] / 60, '.1f')} |")
+                    f"| {'-' if m is None else format(m['lr'], 'g')} | {_fidelity(row, 'kjv')} "
+                    f"| {row['ppl_ratio']['kjv']:.4f} | {_fidelity(row, 'test')} | {row['ppl_ratio']['test']:.4f} "
+                    f"| {val} | {'-' if m is None else format(m['train_wall_s'] / 60, '.1f')} |")
     return main
 
 
@@ -129,8 +184,11 @@ def tables(r: dict) -> dict:
     sw += [f"| {n}{' (chosen)' if n in r['chosen'].values() else ''} | {a['lr']:g} | {a['params']:,} | "
            f"{a['val_ppl']:.3f} | {a['val_ppl'] / a['val_ppl_backbone']:.4f} | {a['train_wall_s'] / 60:.1f} |"
            for n, a in sweep.items()]
-    iv = ["| difference (ppl / backbone) | 95% interval over sequences |", "| --- | --- |"]
-    iv += [f"| {k} | {_ci(d)} |" for k, d in r["intervals"].items()]
+    fid = r.get("fidelity_intervals", {"kl": {}, "top1": {}})
+    iv = ["| difference | KL to backbone [95% CI] | top-1 agreement [95% CI] | ppl / backbone [95% CI] |",
+          "| --- | --- | --- | --- |"]
+    iv += [f"| {k} | {_ci(fid['kl'][k]) if k in fid['kl'] else '-'} | {_ci(fid['top1'][k]) if k in fid['top1'] else '-'} "
+           f"| {_ci(d)} |" for k, d in r["intervals"].items()]
     bb = r["backbone_blocks"]
     blocks = ["| block | layers | A(n) on the backbone | cos(in, out) |", "| --- | --- | --- | --- |"]
     blocks += [f"| {n} | {layers[0]}-{layers[-1]} | {bb['A'][str(n)]:.3f} | {bb['cos_in_out'][str(n)]:.4f} |"
@@ -144,11 +202,43 @@ def tables(r: dict) -> dict:
               f"{'-' if x['static_ppl_ratio'] is None else format(x['static_ppl_ratio'], '.4f')} ({x['static']}) | "
               f"{_ci(x['minus_static']) if 'minus_static' in x else '-'} |"
               for sp in SPLITS for x in r["at_spent_compute"][sp]]
-    return {"Every method at 0, 1 and 2 blocks per step (perplexity / the backbone's)": _main_table(r),
+    return {"Every method at 0, 1 and 2 blocks per step: fidelity to the backbone first (KL per position, top-1 "
+            "agreement), perplexity / the backbone's beside it": _main_table(r),
             "At the compute each input-dependent method spends (static matched on that split)": spent,
             "The learning-rate sweep (chosen on validation)": sw,
             "Differences the verdict reads": iv,
             "The backbone's blocks (calibration split): what static pruning drops": blocks}
+
+
+def closest(r: dict, k: int, split: str) -> list[tuple[str, dict]]:
+    """The rows that spend k blocks per step on `split` (within 0.05), closest to the backbone first (KL)."""
+    rows = r["rows"]
+    near = [(key, row) for key, row in rows.items() if row.get("kl_to_backbone") is not None
+            and abs(row["blocks_skipped"][split] - k) <= 0.05]
+    return sorted(near, key=lambda kr: kr[1]["kl_to_backbone"][split])
+
+
+def fidelity_verdict(r: dict) -> str:
+    """Which method is closest to the backbone at one and two blocks per step, on kjv (no stage saw it) and on the
+    test split, with KL, top-1 agreement and perplexity; and healing by distillation against cross-entropy."""
+    parts = []
+    for k, w in ((1, "one block"), (2, "two blocks")):
+        for split in ("kjv", "test"):
+            ranked = closest(r, k, split)
+            if not ranked:
+                continue
+            text = ", then ".join(f"{key} (KL {row['kl_to_backbone'][split]:.3f}, top-1 "
+                                  f"{row['top1_agreement'][split]:.3f}, ppl {row['ppl_ratio'][split]:.3f}x)"
+                                  for key, row in ranked[:3])
+            parts.append(f"At {w} per step on {split}, closest to the backbone: {text}.")
+    fid = r.get("fidelity_intervals", {}).get("kl", {})
+    for h in r.get("heal", ["ce"]):
+        for k in (1, 2) if h != "ce" else ():
+            for split in SPLITS:
+                d = fid.get(f"{healed_key(k, h)} - healed-static:{k} ({split})")
+                if d is not None:
+                    parts.append(f"KL of healing by {h} minus by ce at {k} block(s), {split}: {_ci(d)}.")
+    return " ".join(parts)
 
 
 def verdict(r: dict) -> str:
@@ -165,7 +255,7 @@ def verdict(r: dict) -> str:
         return f"{subject}, {a} " + " and ".join(parts) + "."
 
     variants = r.get("variants", [])
-    return " ".join(["Differences of perplexity / backbone with 95% intervals.",
+    return " ".join([fidelity_verdict(r), "Differences of perplexity / backbone with 95% intervals.",
                      said("Nothing skipped", "retrofit", "lora", "a LoRA of the same trainable parameters"),
                      *(said("Nothing skipped", variant_row(v, "retrofit"), "lora", "the LoRA") for v in variants),
                      *(said(f"At {w} per step", m, f"healed-static:{k}", "LoRA-healed static pruning")

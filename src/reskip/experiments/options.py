@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from ..config_fields import described
 from ..device_names import DEVICE_HELP, DEVICE_PATTERN
-from ..stage_options import DTYPE_HELP, DTYPE_NAMES, PRESET_HELP, PRESETS
+from ..stage_options import DTYPE_HELP, DTYPE_NAMES, PRESET_HELP, PRESETS, BackboneOptions
 
 EXPERIMENTS = ("variants", "block-size", "mix", "placement", "scale", "baselines")
 # The second source document's instance: 48 layers of d = 4096 at 4,096 tokens in bf16, 256 MiB of depth states.
@@ -15,11 +15,13 @@ SOURCE_MEMORY_BYTES = 256 * 2**20
 
 
 @dataclass
-class ExperimentOptions:
+class ExperimentOptions(BackboneOptions):
+    model: str | None = described(None, "the backbone (None: the bundled SmolLM2-135M-Instruct)")
+    dtype: str = described("auto", DTYPE_HELP + ", in every arm", choices=DTYPE_NAMES)
+    device: str = described("auto", DEVICE_HELP + ", for every arm", pattern=DEVICE_PATTERN)
     name: str = described("variants", "the experiment", choices=EXPERIMENTS)
     preset: str = described("quick", "the training length of every arm, one of the pipeline's presets (`scale`'s "
                                      "arms are presets themselves): " + PRESET_HELP, choices=tuple(PRESETS))
-    model: str | None = described(None, "the backbone (None: the bundled SmolLM2-135M-Instruct)")
     data: list[str] = described(default_factory=lambda: ["default"], help="data specs (default: the bundled mix)")
     out: str | None = described(None, "the run folder OUT/experiments/NAME is written into; `reskip report OUT` "
                                       "shows every experiment there (None: runs/experiments)")
@@ -45,6 +47,8 @@ class ExperimentOptions:
         None, "baselines: also these of the recipe's variants at the same total trainable parameters (empty: both; "
               "None: neither): side+lora (the side-channel at half its rank and a LoRA inside the blocks) and "
               "full-teacher (the skip branch distilled toward the full path)")
-    dtype: str = described("auto", DTYPE_HELP + ", in every arm", choices=DTYPE_NAMES)
-    device: str = described("auto", DEVICE_HELP + ", for every arm", pattern=DEVICE_PATTERN)
+    heal: list[str] = described(default_factory=lambda: ["ce"],
+                                help="baselines: the healing objectives of the healed arms, each its own arms: ce "
+                                     "(cross-entropy on the mix: healed-static:K), kd (KL(backbone || model) on every "
+                                     "position: healed-static:K:kd), kd+ce")
     quiet: bool = described(False, "print only the results")

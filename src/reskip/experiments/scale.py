@@ -53,7 +53,7 @@ def run(options: ExperimentOptions, folder: Path, show=print) -> dict | None:
         raise ReskipError(f"`scale` has no arm {', '.join(map(repr, unknown))}; its arms: {', '.join(SCALE_PRESETS)} "
                           "(presets at 1x, 4x and 10x the standard training tokens)")
     overrides = {**options.overrides, "seed": options.seed}
-    configs = {p: PipelineConfig(p, options.model, list(options.data), overrides, dtype=options.dtype,
+    configs = {p: PipelineConfig(trust_remote_code=options.trust_remote_code, preset=p, model=options.model, data=list(options.data), overrides=overrides, dtype=options.dtype,
                                  device=options.device) for p in presets}
     for c in configs.values():  # every arm's configuration is checked before the first trains
         c.check()

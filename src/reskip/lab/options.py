@@ -5,13 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config_fields import described
-from ..device_names import DEVICE_HELP, DEVICE_PATTERN
-from ..stage_options import DTYPE_HELP, DTYPE_NAMES
+from ..stage_options import BackboneOptions
 
 
 @dataclass
-class LabOptions:
-    port: int = described(7860, "the port on 127.0.0.1", low=1, high=65535)
+class LabOptions(BackboneOptions):
     model: str | None = described(None, "the backbone (None: the run's)")
-    dtype: str = described("auto", DTYPE_HELP, choices=DTYPE_NAMES)
-    device: str = described("auto", DEVICE_HELP, pattern=DEVICE_PATTERN)
+    port: int = described(7860, "the port on 127.0.0.1", low=1, high=65535)

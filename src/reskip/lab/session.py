@@ -24,8 +24,10 @@ DIRECTIONS = ("better", "worse", "unchanged")
 
 
 class LabSession:
-    def __init__(self, run, model: str | None = None, dtype: str = "auto", device: str = "auto"):
-        self.opened = open_run(run, model=model, dtype=dtype, device=device, require_policy=True)
+    def __init__(self, run, model: str | None = None, dtype: str = "auto", device: str = "auto",
+                 trust_remote_code: bool = False):
+        self.opened = open_run(run, model=model, dtype=dtype, device=device, trust_remote_code=trust_remote_code,
+                               require_policy=True)
         self.model, self.tokenizer = self.opened.model, self.opened.tokenizer
         self.policy_file = self.opened.policy_file
         self.has_shortcut = bool(self.model.side_channel.shortcuts)

@@ -5,18 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config_fields import described
-from ..device_names import DEVICE_HELP, DEVICE_PATTERN
-from ..stage_options import DTYPE_HELP, DTYPE_NAMES
+from ..stage_options import BackboneOptions
 from .spec import GRAMMAR
 
 
 @dataclass
-class GenerateOptions:
-    policy: str = described("reskip", f"the skip policy: {GRAMMAR}, or a policy.json")
+class GenerateOptions(BackboneOptions):
     model: str | None = described(None, "the backbone (None: the run's, else the bundled SmolLM2-135M-Instruct)")
-    dtype: str = described("auto", DTYPE_HELP, choices=DTYPE_NAMES)
-    device: str = described("auto", DEVICE_HELP, pattern=DEVICE_PATTERN)
-    trust_remote_code: bool = described(False, "allow the model's own Python code to run")
+    policy: str = described("reskip", f"the skip policy: {GRAMMAR}, or a policy.json")
     window: int | None = described(None, "W, tokens in w_recent (None: the policy file's)", low=1)
     max_new_tokens: int = described(40, "tokens generated at most", low=1)
     sample: bool = described(False, "sample instead of greedy decoding")
