@@ -1,27 +1,59 @@
 """A trained baseline as a plain Hugging Face model: the pruned layers gone, the LoRA merged into the weights,
 the config saying how many layers are left. It loads with `AutoModelForCausalLM.from_pretrained(folder)` anywhere
-(no reskip, no PEFT) and runs at the real speed of its smaller depth."""
+(no reskip, no PEFT) and runs at the real speed of its smaller depth.
+
+Beside the model's own files the folder holds `reskip.json`, its record: the backbone it came from, the layers and
+blocks removed, how it was healed. No loader needs it; `reskip eval --methods export:DIR` reads it to score the
+folder against its backbone at the compute it spends."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+from ..errors import ReskipError
 from ..io_atomic import atomic_folder
+from ..reading import read_json
 from .arms import load_arm_model, read_arm
+
+RECORD = "reskip.json"
 
 
 def export_run(run_dir: Path, out: Path, dtype: str = "float32") -> Path:
-    """Write the run's merged model and its tokenizer to `out` (a folder written whole or not at all)."""
-    read_arm(run_dir)  # not a baseline run: one clear error before the model loads
+    """Write the run's merged model, its tokenizer and its record to `out` (a folder written whole or not at all)."""
+    cfg, arm = read_arm(run_dir)  # not a baseline run: one clear error before the model loads
     model, tokenizer = load_arm_model(run_dir, dtype)
+    n_layers = model.get_base_model().config.num_hidden_layers + len(arm.drop_layers)
     merged = model.merge_and_unload()
     # a GGUF-loaded backbone keeps its quantizer's record; the merged weights are plain tensors
     merged.hf_quantizer = None
     if hasattr(merged.config, "quantization_config"):
         del merged.config.quantization_config
+    record = {"backbone": cfg.model, "backbone_layers": n_layers, "drop_layers": list(arm.drop_layers),
+              "drop_blocks": list(arm.drop_blocks), "healing": {"objective": arm.objective, "temperature": arm.temperature,
+                                                                "lora_parameters": arm.params, "steps": cfg.steps,
+                                                                "tokens": cfg.steps * cfg.batch_size * cfg.seq_len,
+                                                                "lr": cfg.lr, "data": list(cfg.data)},
+              "dtype": dtype}
 
     def write(tmp: Path) -> None:
         merged.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        (tmp / RECORD).write_text(json.dumps(record, indent=2))
 
     return atomic_folder(Path(out), write)
+
+
+def read_record(folder: Path) -> dict:
+    """An exported folder's record (`RECORD`), checked for what scoring it needs."""
+    path = Path(folder) / RECORD
+    if not path.is_file():
+        raise ReskipError(f"{folder} is not a folder `reskip export` or `reskip compress` wrote (no {RECORD})")
+    record = read_json(path)
+    ok = (isinstance(record, dict) and isinstance(record.get("backbone_layers"), int)
+          and isinstance(record.get("drop_layers"), list) and all(isinstance(i, int) for i in record["drop_layers"])
+          and isinstance(record.get("drop_blocks"), list))
+    if not ok:
+        raise ReskipError(f"{path}: backbone_layers, drop_layers and drop_blocks are missing or not numbers: restore "
+                          "it, or export the arm again")
+    return record

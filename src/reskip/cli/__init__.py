@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 
 from ..errors import ReskipError
-from . import backbone, evaluate, experiment, export, lab, report, run, skip, train
+from . import backbone, compress, evaluate, experiment, export, lab, report, run, skip, train
 from .common import Parser
 
-COMMAND_GROUPS = (backbone, train, skip, evaluate, report, run, experiment, export, lab)
+COMMAND_GROUPS = (backbone, train, skip, evaluate, report, run, experiment, export, compress, lab)
 
 
 def build_parser() -> Parser:

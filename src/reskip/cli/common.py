@@ -33,7 +33,8 @@ EXAMPLES = {
                 "reskip generate \"Once upon a time\" --adapter runs/my-run --policy static:1 --sample --top-p 0.9",
     "eval": "reskip eval --adapter runs/my-run\n"
             "reskip eval --adapter runs/my-run --methods backbone retrofit static:1 reskip:budget=1 --heldout kjv "
-            "--benchmarks none",
+            "--benchmarks none\n"
+            "reskip eval --adapter runs/my-run --methods backbone pruned:1 healed:ARM export:my-model --heldout kjv",
     "diagnose": "reskip diagnose runs/my-run\nreskip diagnose runs/my-run --signal-sequences 0 --sequences 8",
     "report": "reskip report runs/my-run                 # RUN/report/report.html\n"
               "reskip report runs/experiments            # every experiment in that folder",
@@ -43,6 +44,8 @@ EXAMPLES = {
     "experiment": "reskip experiment baselines --preset standard\n"
                   "reskip experiment variants --preset medium --arms shortcut --out runs/exp",
     "export": "reskip export runs/experiments/experiments/baselines/arms/healed-static-1@0.004 --out my-model",
+    "compress": "reskip compress --out smollm2-26-layers                # one block removed, healed by kd\n"
+                "reskip compress --model /models/my-llama --drop 2 --data my-texts/ --out my-llama-smaller",
     "lab": "reskip lab runs/my-run                      # then open http://127.0.0.1:7860",
 }
 

@@ -17,9 +17,13 @@ from typing import Callable
 import torch
 from torch import nn
 
+from transformers import AutoModelForCausalLM
+
 from ..backbones.devices import model_device
+from ..backbones.dtypes import resolve_dtype
 from ..backbones.loading import load_backbone
 from ..baselines.arms import load_arm_model, read_arm
+from ..baselines.export import read_record
 from ..baselines.pruning import BlockCosts, backbone_block_costs, prune
 from ..data.packing import Packed
 from ..errors import ReskipError
@@ -94,11 +98,26 @@ def _pruned(spec: Spec, ctx: ScorerContext) -> ModelScorer:
     return ModelScorer(prune(backbone, set(layers)), layers, blocks, sum(len(b) for b in ctx.blocks))
 
 
-SCORERS: dict[str, Callable[[Spec, ScorerContext], ModelScorer]] = {"lora": _arm, "healed": _arm, "pruned": _pruned}
+def _export(spec: Spec, ctx: ScorerContext) -> ModelScorer:
+    """A plain folder, loaded as any user loads it (`AutoModelForCausalLM`), in the evaluation's dtype and device."""
+    record = read_record(Path(spec.run))
+    n_layers = sum(len(b) for b in ctx.blocks)
+    if record["backbone_layers"] != n_layers:
+        raise ReskipError(f"{spec.text}: the folder came from a backbone of {record['backbone_layers']} layers, the "
+                          f"evaluation's has {n_layers}: compare methods of one backbone")
+    model = AutoModelForCausalLM.from_pretrained(spec.run, dtype=resolve_dtype(ctx.dtype, ctx.device)).to(ctx.device)
+    return ModelScorer(model.eval(), list(record["drop_layers"]), list(record["drop_blocks"]), n_layers)
+
+
+SCORERS: dict[str, Callable[[Spec, ScorerContext], ModelScorer]] = {"lora": _arm, "healed": _arm, "pruned": _pruned,
+                                                                    "export": _export}
 
 
 def check_model_spec(spec: Spec) -> None:
-    """What can be checked of a model method before any weights load: its arm folder is an arm of its kind."""
+    """What can be checked of a model method before any weights load: its arm folder is an arm of its kind, an
+    exported folder has its record."""
+    if spec.kind == "export":
+        read_record(Path(spec.run))
     if spec.kind in ("lora", "healed"):
         _, arm = read_arm(Path(spec.run))
         if (spec.kind == "healed") != bool(arm.drop_layers):

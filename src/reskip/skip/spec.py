@@ -29,6 +29,8 @@ and the trained methods, each scored as its own model beside the run's (the same
     healed:RUN           a healed arm: the backbone with the arm's layers removed and its LoRA
     pruned:K             the backbone with its K middle blocks of lowest A(n) (measured on the backbone itself,
                          calibration split) removed, no healing
+    export:DIR           a plain Hugging Face folder that `reskip export` or `reskip compress` wrote (its
+                         reskip.json says which layers it removed)
 
 Each kind says how it is opened for scoring (`opens`: a skip policy on the retrofit, a method that expands into
 others, or a model of its own), which trainee makes it (`trains`: None for a policy) and whether the compute it
@@ -139,6 +141,8 @@ KINDS = {
                    _run_folder, False, method_only=True, opens="model", trains="lora"),
     "pruned": Kind("pruned:K", "the backbone's K middle blocks of lowest A(n) removed, no healing",
                    _whole_block_count, False, method_only=True, opens="model"),
+    "export": Kind("export:DIR", "a plain Hugging Face folder written by `reskip export` or `reskip compress`",
+                   _run_folder, False, method_only=True, opens="model", trains="lora"),
     "none": Kind("none", "nothing skipped (the retrofit as it is)", _no_arguments, False),
     "reskip": Kind("reskip[:Q[:M]], reskip:budget=B[:held]",
                    "the calibrated ReSkip rule (tau_n at quantile Q of w_recent(n), at most M blocks per step), or "

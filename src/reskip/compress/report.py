@@ -1,0 +1,47 @@
+"""report.json -> report.md: what `reskip compress` made and how close it is to the original (reads the report
+only)."""
+
+from __future__ import annotations
+
+
+def _f(x, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def markdown(r: dict) -> str:
+    b, h, m = r["blocks"], r["healing"], r["measured"]
+    kept = b["layers"] - len(b["layers_removed"])
+    lines = [f"# {r['settings']['model'] or 'SmolLM2-135M-Instruct'}: {b['layers']} -> {kept} layers", "",
+             f"Blocks {b['removed']} removed (layers {', '.join(map(str, b['layers_removed']))}), the cheapest by the "
+             f"model's own ablation cost A(n) on the calibration split; the rest healed by a LoRA of "
+             f"{h['parameters']:,} parameters trained by `{h['objective']}` on {h['tokens']:,} tokens "
+             f"({h['train_wall_s'] / 60:.1f} min), merged into a plain Hugging Face folder (`model/`).", "",
+             "## Fidelity to the original, perplexity beside it", "",
+             "KL(original || compressed) per position and top-1 agreement with the original: how close the "
+             "compressed model's next-token distribution stays to the model you deploy. Perplexity below the "
+             "original's on the healing data's own test split would be fine-tuning on that data, not quality; the "
+             "held-out text was seen by no stage.", "",
+             "| text | KL to the original | top-1 agreement | perplexity | original's perplexity | ratio |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for name, s in m["splits"].items():
+        c, o = s["compressed"], s["backbone"]
+        lines.append(f"| {name}{' (held out)' if name != 'test' else ''} | {c['kl_to_backbone']:.4f} | "
+                     f"{c['top1_agreement']:.4f} | {c['ppl']:.3f} | {o['ppl']:.3f} | {c['ppl_ratio']:.3f} |")
+    lines += ["", f"{m['sequences']} sequences of {m['seq_len']} tokens per text, in {m['dtype']} on {m['device']}."]
+    if "mmlu" in m:
+        mo, mc = m["mmlu"]["original"], m["mmlu"]["compressed"]
+        lines += ["", f"MMLU ({mo['n']} questions, chance {mo['chance']:.2f}): original {mo['acc']:.3f}, compressed "
+                      f"{mc['acc']:.3f} (acc_norm {mo['acc_norm']:.3f} / {mc['acc_norm']:.3f})."]
+    if "speed" in r:
+        sp = r["speed"]
+        lines += ["", "## Speed in transformers (tokens per second, median of interleaved repeats)", "",
+                  f"FLOP-ideal speed-up {sp['flop_ideal_speedup']:.3f}x (every layer's weights and the LM head per "
+                  f"token); {sp['threads']} threads.", "",
+                  "| case | original | compressed | speed-up | share of the FLOP-ideal |", "| --- | --- | --- | --- | --- |"]
+        lines += [f"| {name} | {c['original_tokens_per_s']:.1f} | {c['compressed_tokens_per_s']:.1f} | "
+                  f"{c['speedup']:.3f}x | {c['share_of_ideal']:.3f} |" for name, c in sp["cases"].items()]
+    lines += ["", "Validation during healing: KL to the original "
+                  f"{_f((h['val_kl'] or {}).get('start'), '.4f')} -> {_f((h['val_kl'] or {}).get('end'), '.4f')}, "
+                  f"perplexity {h['val_ppl']['start']:.3f} -> {h['val_ppl']['end']:.3f} (original {h['val_ppl_original']:.3f}).",
+              "", "Load it anywhere: `AutoModelForCausalLM.from_pretrained(\"model\")`. Reproduce: `" + r["command"] + "`."]
+    return "\n".join(lines) + "\n"

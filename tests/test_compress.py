@@ -1,0 +1,99 @@
+"""`reskip compress` end to end on a tiny model: the cheapest block removed, healed by distillation, exported as a
+plain folder that transformers loads alone, measured beside the original, resumed after a kill; and its refusals
+before any weights load."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from helpers import save_tiny, write_corpus
+from reskip.cli import main
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("compress")
+    return (tmp, save_tiny(tmp / "model", "llama"), write_corpus(tmp / "corpus", n_docs=600),
+            write_corpus(tmp / "other", n_docs=300, seed=5))
+
+
+def _args(tiny, out, *more):
+    tmp, model, corpus, other = tiny
+    return ["compress", "--model", str(model), "--data", str(corpus), "--heldout", str(other), "--preset", "quick",
+            "--block-size", "1", "--mc-limit", "4", "--sequences", "2", "--quiet", "--out", str(out), *more]
+
+
+@pytest.mark.integration
+def test_compress_removes_heals_exports_and_measures_then_resumes(tiny, capsys):
+    tmp = tiny[0]
+    out = tmp / "small"
+    assert main(_args(tiny, out)) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["blocks"]["layers"] == 6 and len(report["blocks"]["layers_removed"]) == 1
+    removed = report["blocks"]["removed"][0]
+    a = report["blocks"]["A"]
+    assert removed == min((n for n in a if 1 < int(n) < 6), key=lambda n: a[n]) or str(removed) == min(
+        (n for n in a if 1 < int(n) < 6), key=lambda n: a[n])  # the cheapest middle block by the model's own A(n)
+    assert report["healing"]["objective"] == "kd" and report["healing"]["val_kl"]["end"] < report["healing"]["val_kl"]["start"]
+    for name in ("test", str(tiny[3])):
+        s = report["measured"]["splits"][name]
+        assert s["backbone"]["kl_to_backbone"] == 0 and s["backbone"]["top1_agreement"] == 1
+        assert s["compressed"]["kl_to_backbone"] > 0 and s["compressed"]["flops_executed_share"] == pytest.approx(5 / 6)
+    assert report["measured"]["mmlu"]["original"]["n"] == 4
+    sp = report["speed"]
+    assert sp["flop_ideal_speedup"] > 1 and set(sp["cases"]) == {"decode batch 1", "decode batch 8", "prefill 512"}
+    md = (out / "report.md").read_text()
+    assert "6 -> 5 layers" in md and "KL to the original" in md and "reskip compress" in md
+
+    # the folder loads with transformers alone, and is what the report measured
+    model = AutoModelForCausalLM.from_pretrained(out / "model", dtype=torch.float32)
+    assert model.config.num_hidden_layers == 5
+    record = json.loads((out / "model" / "reskip.json").read_text())
+    assert record["drop_layers"] == report["blocks"]["layers_removed"] and record["healing"]["objective"] == "kd"
+
+    # killed after healing: the same command resumes (the arm is read back, not retrained) and measures again
+    weights = (out / "heal" / "adapter" / "adapter_model.safetensors").read_bytes()
+    shutil.rmtree(out / "model")
+    (out / "report.json").unlink()
+    assert main(_args(tiny, out, "--no-speed")) == 0
+    assert (out / "heal" / "adapter" / "adapter_model.safetensors").read_bytes() == weights
+    assert "speed" not in json.loads((out / "report.json").read_text())
+
+    # the same folder with other settings is refused, nothing touched
+    capsys.readouterr()
+    assert main(_args(tiny, out, "--objective", "ce")) == 2
+    assert "holds a compression of other settings (objective differ)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--drop", "5"], "has 4 middle blocks"),
+    (["--drop", "1", "--keep-flops", "0.8"], "give one"),
+    (["--objective", "mse"], "invalid choice"),
+    (["--heldout", "CORPUS"], "part of --data"),
+])
+def test_compress_refuses_bad_input_before_any_weights_load(tiny, tmp_path, capsys, extra, message):
+    extra = [str(tiny[2]) if e == "CORPUS" else e for e in extra]
+    with pytest.raises(SystemExit) if message == "invalid choice" else _nothing():
+        code = main(_args(tiny, tmp_path / "x", *extra))
+        assert code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+def test_compress_refuses_a_folder_it_did_not_write(tiny, tmp_path, capsys):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    assert main(_args(tiny, tmp_path / "mine")) == 2
+    assert "holds files compress did not write (notes.txt)" in capsys.readouterr().err
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
