@@ -28,7 +28,7 @@ STAGES = {
     "reskip.calibrate": 7,
     "reskip.evaluate": 8, "reskip.baselines": 8,
     "reskip.report": 9,
-    "reskip.pipeline": 10, "reskip.experiments": 10, "reskip.lab": 10,
+    "reskip.pipeline": 10, "reskip.experiments": 10, "reskip.lab": 10, "reskip.compress": 10,
     "reskip.cli": 11,
     "reskip": 12,  # the package root re-exports public names (lazily)
 }

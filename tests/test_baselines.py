@@ -258,3 +258,44 @@ def test_the_variants_a_run_includes():
     assert _variants(["full-teacher"]) == ("full-teacher",)
     with pytest.raises(ReskipError, match="no variant 'x'"):
         _variants(["x"])
+
+
+@pytest.mark.integration
+def test_eval_scores_trained_methods_beside_the_run_against_the_same_references(tmp_path, capsys):
+    """`reskip eval` scores a LoRA arm, a healed arm, an unhealed pruning and an exported folder as methods of their
+    own (one evaluator): KL to the backbone and top-1 agreement for every row, the healed arm's compute its kept
+    layers, and the export the same model as its arm."""
+    from helpers import tiny_trained_run
+
+    run = tiny_trained_run(tmp_path)
+    cfg = TrainConfig(model=str(tmp_path / "model"), data=[str(tmp_path / "corpus")], seq_len=16, steps=2,
+                      batch_size=2, eval_every=2, save_every=2, eval_sequences=2, lr=1e-2, dtype="float32",
+                      retrofit={"block_size": 2, "rank": 8})
+    train_lora(cfg, LoraArm(params=2_000), tmp_path / "lora", show_progress=False)
+    train_lora(cfg, LoraArm(params=2_000, drop_layers=[2, 3], drop_blocks=[2], objective="kd"), tmp_path / "healed",
+               show_progress=False)
+    assert main(["export", str(tmp_path / "healed"), "--out", str(tmp_path / "exported")]) == 0
+    out = tmp_path / "ev"
+    methods = ["backbone", "retrofit", f"lora:{tmp_path / 'lora'}", f"healed:{tmp_path / 'healed'}", "pruned:1",
+               f"export:{tmp_path / 'exported'}"]
+    assert main(["eval", "--adapter", str(run), "--methods", *methods, "--benchmarks", "none", "--sequences", "4",
+                 "--calib-sequences", "4", "--heldout", str(tmp_path / "corpus"), "--data",
+                 str(write_corpus(tmp_path / "other", n_docs=300, seed=3)), "--quiet", "--out", str(out)]) == 0
+    r = json.loads((out / "results.json").read_text())
+    rows = r["methods"]
+    assert [rows[m]["kind"] for m in methods] == ["backbone", "retrofit", "lora", "healed", "pruned", "export"]
+    for m in methods[2:]:
+        assert rows[m]["kl_to_backbone"] > 0 and 0 < rows[m]["top1_agreement"] <= 1
+        assert rows[m]["margin_holds_share"] is None  # the margin check is the retrofit's own
+        assert len(rows[m]["per_sequence"]["kl"]) == 4 and sum(rows[m]["per_sequence"]["positions"]) == rows[m]["tokens"]
+    assert rows[f"healed:{tmp_path / 'healed'}"]["flops_executed_share"] == pytest.approx(4 / 6)
+    assert rows[f"healed:{tmp_path / 'healed'}"]["mean_skipped"] == 1
+    # the merged export scores as its arm does (float32 merge: the same model up to rounding)
+    assert rows[f"export:{tmp_path / 'exported'}"]["kl_to_backbone"] == pytest.approx(
+        rows[f"healed:{tmp_path / 'healed'}"]["kl_to_backbone"], rel=1e-3)
+    assert set(r["heldout"]["methods"]) == set(rows)
+    # a plain LoRA named as healed (and the reverse) is refused before any weights load
+    capsys.readouterr()
+    assert main(["eval", "--adapter", str(run), "--methods", f"healed:{tmp_path / 'lora'}", "--out",
+                 str(tmp_path / "no")]) == 2
+    assert "removes no layer: score it as lora:" in capsys.readouterr().err

@@ -110,7 +110,7 @@ def _simulated_loading(monkeypatch, sim: SimulatedDevice, module) -> None:
 
 def test_the_training_loops_on_the_device(tmp_path, monkeypatch):
     """The side-channel's training (its steps, validations, checkpoints and resume) and a LoRA baseline's."""
-    import reskip.train.lora_trainee as lora_trainee
+    import reskip.baselines.lora_trainee as lora_trainee
     import reskip.train.loop as loop
     import reskip.train.trainee as trainee
     from helpers import save_tiny, write_corpus

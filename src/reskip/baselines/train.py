@@ -1,6 +1,6 @@
 """Training a baseline arm: a parameter-matched LoRA on the frozen backbone, or on the backbone with its cheapest
 blocks removed (healed static pruning), healed by `ce`, `kd` or `kd+ce` (`baselines.healing`). The training itself is
-the one loop's (`train.loop.train_run` with `train.lora_trainee.LoraRecipe`); this module is what `reskip experiment
+the one loop's (`train.loop.train_run` with `lora_trainee.LoraRecipe`); this module is what `reskip experiment
 baselines` asks of an arm's folder: train it, resume it when it stopped, read it back when it is finished."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from ..errors import ReskipError
 from ..reading import read_json
 from ..runs import RunFolder
 from ..train.checkpoint import latest_checkpoint
-from ..train.lora_trainee import LoraRecipe
 from ..train.loop import train_run
 from ..train_config import TrainConfig
 from .arms import LoraArm
+from .lora_trainee import LoraRecipe
 
 
 def train_lora(cfg: TrainConfig, arm: LoraArm, run_dir: Path, show_progress: bool = True) -> dict:

@@ -33,7 +33,7 @@ from ..skip.policy_file import PolicyFile, make_policy
 from ..skip.scoring import score, score_planned_whole, score_rows
 from ..skip.spec import KINDS, METHOD_GRAMMAR, Spec
 from .flops import LayerFlops, executed_share, shortcut_flops
-from .scorers import SCORERS, ModelScorer, ScorerContext, check_model_spec, open_scorer
+from .scorers import ModelScorer, ScorerContext, check_model_spec, open_scorer
 
 
 @dataclass
@@ -88,7 +88,7 @@ def _placeholder(spec: Spec, policy_file: PolicyFile | None, seed: int) -> list[
 
 def _one_method(spec: Spec, policy_file: PolicyFile | None, seed: int) -> list[Method]:
     if KINDS[spec.kind].opens != "policy":  # the backbone, or a model of its own
-        if spec.kind in SCORERS:
+        if KINDS[spec.kind].scorer:
             check_model_spec(spec)
         return [Method(spec.text, None, spec)]
     if spec.needs_policy_file and policy_file is None:

@@ -4,12 +4,14 @@ references (the backbone's logits, computed once per group): one cache-free pass
 its compute the layers it keeps.
 
 A scorer is what `evaluate.methods` needs of such a method: the logits of a group (G, T, V), the blocks it removed
-and the share of layer FLOPs it executes. Each kind opens in one function of `SCORERS`; a new trained kind adds
-its opener there and its row in `spec.KINDS`.
+and the share of layer FLOPs it executes. Each kind's row in `spec.KINDS` names the function that opens it
+(`Kind.scorer`, "module:function", imported when first used): a new trained kind writes its opener in its own
+module and names it there, nothing here changes.
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -27,7 +29,7 @@ from ..baselines.export import read_record
 from ..baselines.pruning import BlockCosts, backbone_block_costs, prune
 from ..data.packing import Packed
 from ..errors import ReskipError
-from ..skip.spec import Spec
+from ..skip.spec import KINDS, Spec
 
 
 @dataclass
@@ -81,7 +83,8 @@ def backbone_costs_on(backbone: nn.Module, data: Packed, blocks: list[list[int]]
     return backbone_block_costs(backbone, data, block_size=len(blocks[0]), boundaries=boundaries)
 
 
-def _arm(spec: Spec, ctx: ScorerContext) -> ModelScorer:
+def open_arm(spec: Spec, ctx: ScorerContext) -> ModelScorer:
+    """A LoRA or healed arm of `reskip experiment baselines` on the evaluation's backbone."""
     cfg, arm = read_arm(Path(spec.run))
     if (cfg.model or None) != (ctx.model or None):
         raise ReskipError(f"{spec.text}: the arm was trained on the backbone {cfg.model or 'default'!r}, the "
@@ -90,7 +93,8 @@ def _arm(spec: Spec, ctx: ScorerContext) -> ModelScorer:
     return ModelScorer(model, list(arm.drop_layers), list(arm.drop_blocks), sum(len(b) for b in ctx.blocks))
 
 
-def _pruned(spec: Spec, ctx: ScorerContext) -> ModelScorer:
+def open_pruned(spec: Spec, ctx: ScorerContext) -> ModelScorer:
+    """The backbone with its K cheapest middle blocks (its own A(n), the calibration split) removed."""
     costs = ctx.block_costs()
     blocks = costs.cheapest(int(spec.k))
     layers = sorted(costs.layers_of(blocks))
@@ -98,7 +102,7 @@ def _pruned(spec: Spec, ctx: ScorerContext) -> ModelScorer:
     return ModelScorer(prune(backbone, set(layers)), layers, blocks, sum(len(b) for b in ctx.blocks))
 
 
-def _export(spec: Spec, ctx: ScorerContext) -> ModelScorer:
+def open_export(spec: Spec, ctx: ScorerContext) -> ModelScorer:
     """A plain folder, loaded as any user loads it (`AutoModelForCausalLM`), in the evaluation's dtype and device."""
     record = read_record(Path(spec.run))
     n_layers = sum(len(b) for b in ctx.blocks)
@@ -109,8 +113,10 @@ def _export(spec: Spec, ctx: ScorerContext) -> ModelScorer:
     return ModelScorer(model.eval(), list(record["drop_layers"]), list(record["drop_blocks"]), n_layers)
 
 
-SCORERS: dict[str, Callable[[Spec, ScorerContext], ModelScorer]] = {"lora": _arm, "healed": _arm, "pruned": _pruned,
-                                                                    "export": _export}
+def opener(kind: str) -> Callable[[Spec, ScorerContext], ModelScorer]:
+    """The function `KINDS[kind].scorer` names."""
+    module, _, name = KINDS[kind].scorer.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def check_model_spec(spec: Spec) -> None:
@@ -126,4 +132,4 @@ def check_model_spec(spec: Spec) -> None:
 
 
 def open_scorer(spec: Spec, ctx: ScorerContext) -> ModelScorer:
-    return SCORERS[spec.kind](spec, ctx)
+    return opener(spec.kind)(spec, ctx)

@@ -84,7 +84,9 @@ def _measure(calib: int, test: int, n_layers: int, n_blocks: int) -> Measure:
 
 def run(options, folder, show=print) -> dict | None:
     """Every size (and the given boundaries), trained side by side (`arm_set.run_arms`)."""
-    tables = lambda results: {"Skip frontier in layers (ppl / retrofit, calibration split)": frontier_table(results)}
+    def tables(results):
+        return {"Skip frontier in layers (ppl / retrofit, calibration split)": frontier_table(results)}
+
     # given boundaries are one more arm here (every arm sets its own partition), not an override of every arm
     boundaries = options.boundaries or options.overrides.get("boundaries")
     arm_set = ArmSet(arms=lambda options, base: arms_for(boundaries), claims=claims, tables=tables,

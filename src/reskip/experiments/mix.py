@@ -78,5 +78,7 @@ def _arms(options, base) -> list[Arm]:
 
 def run(options, folder, show=print) -> dict | None:
     """The whole mix and each of its parts, trained side by side (`arm_set.run_arms`)."""
-    tables = lambda results: {"Entropy share per block (H / log n, last validation)": entropy_table(results)}
+    def tables(results):
+        return {"Entropy share per block (H / log n, last validation)": entropy_table(results)}
+
     return run_arms(ArmSet(arms=_arms, claims=claims, tables=tables), options, folder, show)

@@ -118,9 +118,10 @@ class Kind:
     needs_policy_file: bool
     method_only: bool = False
     # "policy": a skip policy on the retrofit (`policy_file.BUILDERS`); "expands": a method that stands for
-    # others (`evaluate.methods.EXPANSIONS`); "model": a model of its own (`evaluate.scorers.SCORERS`)
+    # others (`evaluate.methods.EXPANSIONS`); "model": a model of its own, opened by `scorer`
     opens: str = "policy"
-    trains: str | None = None  # the trainee that makes it (`train.trainees`); None: nothing trains it
+    trains: str | None = None  # the recipe that makes it (`train.trainee`): "retrofit", "lora"; None: nothing trains it
+    scorer: str | None = None  # opens="model": "module:function" that opens it for scoring (`evaluate.scorers`)
     measured_compute: bool = False  # its skips follow the input: compared with others at what it measured
 
 
@@ -136,13 +137,17 @@ KINDS = {
     "budgets": Kind("budgets", "reskip:budget=B for every budget of the policy file's frontier", _no_arguments,
                     False, method_only=True, opens="expands"),
     "lora": Kind("lora:RUN", "a LoRA arm of `reskip experiment baselines`: the backbone with its LoRA",
-                 _run_folder, False, method_only=True, opens="model", trains="lora"),
+                 _run_folder, False, method_only=True, opens="model", trains="lora",
+                 scorer="reskip.evaluate.scorers:open_arm"),
     "healed": Kind("healed:RUN", "a healed arm: the backbone with the arm's layers removed and its LoRA",
-                   _run_folder, False, method_only=True, opens="model", trains="lora"),
+                   _run_folder, False, method_only=True, opens="model", trains="lora",
+                   scorer="reskip.evaluate.scorers:open_arm"),
     "pruned": Kind("pruned:K", "the backbone's K middle blocks of lowest A(n) removed, no healing",
-                   _whole_block_count, False, method_only=True, opens="model"),
+                   _whole_block_count, False, method_only=True, opens="model",
+                   scorer="reskip.evaluate.scorers:open_pruned"),
     "export": Kind("export:DIR", "a plain Hugging Face folder written by `reskip export` or `reskip compress`",
-                   _run_folder, False, method_only=True, opens="model", trains="lora"),
+                   _run_folder, False, method_only=True, opens="model", trains="lora",
+                   scorer="reskip.evaluate.scorers:open_export"),
     "none": Kind("none", "nothing skipped (the retrofit as it is)", _no_arguments, False),
     "reskip": Kind("reskip[:Q[:M]], reskip:budget=B[:held]",
                    "the calibrated ReSkip rule (tau_n at quantile Q of w_recent(n), at most M blocks per step), or "

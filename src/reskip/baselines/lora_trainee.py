@@ -21,10 +21,10 @@ from torch import nn
 
 from .. import compat
 from ..backbones.devices import model_device
-from ..baselines.arms import LoraArm, arm_config_text, read_arm
-from ..baselines.healing import HealingObjective
-from ..baselines.lora import add_lora, trainable_parameters
-from ..baselines.pruning import prune_keeping
+from .arms import LoraArm, arm_config_text, read_arm
+from .healing import HealingObjective
+from .lora import add_lora, trainable_parameters
+from .pruning import prune_keeping
 from ..data.packing import Packed
 from ..errors import ReskipError
 from ..io_atomic import atomic_folder
@@ -32,8 +32,8 @@ from ..lora_ranks import matched_lora_config
 from ..losses import ce_tokens, head_logits, kl_sum, teacher_targets
 from ..progress import Progress
 from ..train_config import TrainConfig
-from .log import read_log, records
-from .trainee import Counts, StepPlan
+from ..train.log import read_log, records
+from ..train.trainee import Counts, StepPlan
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
