@@ -9,6 +9,7 @@ from pathlib import Path
 
 from reskip.ar_retrofit.config import RetrofitConfig
 from reskip.calibrate.options import CalibrateOptions
+from reskip.compress.options import CompressOptions
 from reskip.config_fields import markdown_table
 from reskip.evaluate.options import EvalOptions
 from reskip.report.options import DiagnoseOptions
@@ -19,7 +20,8 @@ TABLES = {"train-keys": lambda: markdown_table(TrainConfig, skip=("retrofit",)),
           "retrofit-keys": lambda: markdown_table(RetrofitConfig),
           "calibrate-options": lambda: markdown_table(CalibrateOptions),
           "eval-options": lambda: markdown_table(EvalOptions),
-          "diagnose-options": lambda: markdown_table(DiagnoseOptions)}
+          "diagnose-options": lambda: markdown_table(DiagnoseOptions),
+          "compress-options": lambda: markdown_table(CompressOptions)}
 
 
 def render(text: str) -> str:

@@ -43,6 +43,8 @@ def test_compress_removes_heals_exports_and_measures_then_resumes(tiny, capsys):
         assert s["backbone"]["kl_to_backbone"] == 0 and s["backbone"]["top1_agreement"] == 1
         assert s["compressed"]["kl_to_backbone"] > 0 and s["compressed"]["flops_executed_share"] == pytest.approx(5 / 6)
     assert report["measured"]["mmlu"]["original"]["n"] == 4
+    g = report["measured"]["generation"]
+    assert g["prompts"] == 16 and 0 <= g["prefix_share"] <= 1 and 0 <= g["same_first_sentence"] <= 1
     sp = report["speed"]
     assert sp["flop_ideal_speedup"] > 1 and set(sp["cases"]) == {"decode batch 1", "decode batch 8", "prefill 512"}
     md = (out / "report.md").read_text()

@@ -113,3 +113,17 @@ def test_cross_entropy_matches_float64_on_a_large_vocabulary():
     z64, t = z[0, :-1].double(), labels[0, 1:]
     want = (z64.logsumexp(-1) - z64.gather(-1, t[:, None])[:, 0]).sum().item()
     assert abs(got.ce - want) / want < 1e-7
+
+
+def test_generation_agreement_counts_the_prefix_before_the_first_divergence():
+    from reskip.evaluate.generation import agreement
+
+    class Tok:
+        def decode(self, ids, skip_special_tokens=True):
+            return " ".join("." if i == 0 else f"w{i}" for i in ids)
+
+    ref = [[1, 2, 0, 3], [1, 2, 3, 4], [5, 6]]
+    other = [[1, 2, 0, 9], [1, 9, 3, 4], [5, 6]]
+    a = agreement(Tok(), ref, other)
+    assert a["per_prompt_prefix"] == [0.75, 0.25, 1.0]
+    assert a["same_first_sentence"] == 2 / 3  # the first: 'w1 w2 .' both; the second differs at once

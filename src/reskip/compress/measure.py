@@ -14,6 +14,7 @@ from ..backbones.dtypes import resolve_dtype_name
 from ..backbones.loading import load_backbone
 from ..data.packing import pack
 from ..data.sources import load_splits
+from ..evaluate.generation import PROMPTS, agreement, greedy_continuations
 from ..evaluate.methods import Method, evaluate_methods, open_scorers
 from ..evaluate.multiple_choice import load_benchmark, mc_accuracy
 from ..evaluate.scorers import ScorerContext
@@ -44,6 +45,10 @@ def measure(o: CompressOptions, folder: Path, seq_len: int, show=print) -> dict:
         r = evaluate_methods(reference, data, methods, window=1, chunk_size=seq_len)
         out["splits"][name] = {"data": list(specs), "test_split": record["splits"]["test"],
                                **{m: {k: r[m][k] for k in FIELDS} for m in ("backbone", "compressed")}}
+    show(f"[compress] generation: greedy continuations of {len(PROMPTS)} fixed prompts by each model")
+    with reference.side_channel_disabled():
+        original_text = greedy_continuations(reference, tok)
+    out["generation"] = agreement(tok, original_text, greedy_continuations(compressed.model, tok))
     if o.mc_limit:
         questions = load_benchmark("mmlu", o.mc_limit, 0)
         show(f"[compress] MMLU: {len(questions)} questions, each model")

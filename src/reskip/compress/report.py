@@ -28,6 +28,11 @@ def markdown(r: dict) -> str:
         lines.append(f"| {name}{' (held out)' if name != 'test' else ''} | {c['kl_to_backbone']:.4f} | "
                      f"{c['top1_agreement']:.4f} | {c['ppl']:.3f} | {o['ppl']:.3f} | {c['ppl_ratio']:.3f} |")
     lines += ["", f"{m['sequences']} sequences of {m['seq_len']} tokens per text, in {m['dtype']} on {m['device']}."]
+    if "generation" in m:
+        g = m["generation"]
+        lines += ["", f"Greedy generation of {g['prompts']} fixed prompts (`evaluate.generation.PROMPTS`, chat template): "
+                      f"{g['prefix_share']:.3f} of each continuation equal to the original's before the first "
+                      f"divergence, the same first sentence on {g['same_first_sentence']:.3f} of the prompts."]
     if "mmlu" in m:
         mo, mc = m["mmlu"]["original"], m["mmlu"]["compressed"]
         lines += ["", f"MMLU ({mo['n']} questions, chance {mo['chance']:.2f}): original {mo['acc']:.3f}, compressed "
