@@ -192,7 +192,9 @@ def test_baselines_experiment_trains_every_method_at_every_lr_and_reads_them_aga
     # the recipe's variants at the same total parameters, beside the finished arms (read back, not retrained)
     assert main([*args, "--variants"]) == 0
     r = json.loads((folder / "results.json").read_text())
-    assert r["variants"] == ["side+lora", "full-teacher"] and r["sweep"]["lora@0.01"] == sweep_before["lora@0.01"]
+    assert r["variants"] == ["side+lora", "full-teacher", "backbone-teacher"]
+    assert r["sweep"]["lora@0.01"] == sweep_before["lora@0.01"]
+    assert TrainConfig.from_file(folder / "arms" / "backbone-teacher@0.01" / "config.yaml").full_objective == "kd"
     side = r["sweep"][r["chosen"]["side+lora"]]
     assert abs(side["params"] - r["target_params"]) <= 256  # the LoRA takes what the halved side-channel frees
     cfg = TrainConfig.from_file(folder / "arms" / "side+lora@0.01" / "config.yaml")
@@ -254,7 +256,7 @@ def test_the_variants_a_run_includes():
     from reskip.errors import ReskipError
     from reskip.experiments.baselines import _variants
 
-    assert _variants(None) == () and _variants([]) == ("side+lora", "full-teacher")
+    assert _variants(None) == () and _variants([]) == ("side+lora", "full-teacher", "backbone-teacher")
     assert _variants(["full-teacher"]) == ("full-teacher",)
     with pytest.raises(ReskipError, match="no variant 'x'"):
         _variants(["x"])

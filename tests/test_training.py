@@ -565,3 +565,29 @@ def test_what_a_kill_during_a_checkpoint_leaves_is_the_runs_own(tmp_path):
     assert not_written_by_training(RunFolder(tmp_path / "run")) == []
     (root / "model.bin").write_bytes(b"x")
     assert not_written_by_training(RunFolder(tmp_path / "run")) == [str(root / "model.bin")]
+
+
+@pytest.mark.parametrize("chunk", [None, 5])
+def test_the_backbone_only_teacher_replaces_ce_by_the_full_paths_kl_to_the_backbone(chunk):
+    """full_objective kd: the first term is KL(backbone || full path) per position (the teacher pass's own targets),
+    the same in whole logits and chunked; the skip term and the rest are untouched."""
+    from reskip.losses import kl_sum
+    from reskip.train.objective import RetrofitObjective
+
+    rm = retrofit(tiny_model("llama", init_std=0.2), RetrofitConfig(block_size=2, rank=8, skip_path="identity"))
+    rm.set_curriculum(1.0)
+    torch.manual_seed(0)
+    for p in rm.trainable_parameters():  # a side-channel that moves the full path well away from the backbone
+        torch.nn.init.normal_(p, std=0.5)
+    ids = torch.randint(3, 90, (2, 12), generator=torch.Generator().manual_seed(1))
+    labels = ids.clone()
+    kd = RetrofitObjective(rm, 1.0, 0.0, loss_chunk=chunk, full_objective="kd")(ids, labels, 2, 1.0, 1.0)
+    ce = RetrofitObjective(rm, 1.0, 0.0, loss_chunk=chunk)(ids, labels, 2, 1.0, 1.0)
+    with torch.no_grad():
+        with rm.side_channel_disabled():
+            back = rm(input_ids=ids, use_cache=False).logits
+        full = rm(input_ids=ids, use_cache=False).logits
+    assert kd["kd"].item() == pytest.approx(kl_sum(back, full).item(), rel=1e-4) and kd["kd"].item() > 0
+    assert kd["kl"].item() == pytest.approx(ce["kl"].item(), rel=1e-5)  # the skip branch's term is the same
+    assert kd["loss"].item() == pytest.approx(kd["kd"].item() + kd["kl"].item(), rel=1e-5)
+    assert ce["kd"].item() == 0 and ce["loss"].item() == pytest.approx(ce["ce"].item() + ce["kl"].item(), rel=1e-5)

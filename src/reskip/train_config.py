@@ -53,6 +53,7 @@ RECIPE_RETROFIT = {"skip_path": "shortcut"}
 REPORT_TO = (None, "tensorboard")
 PLACEMENT_FIELDS = ("device", "shard")  # where a run computes, not what it trains
 SKIP_TEACHERS = ("backbone", "full")
+FULL_OBJECTIVES = ("ce", "kd")
 INT_FIELDS = ("seq_len", "steps", "batch_size", "grad_accum", "eval_every", "eval_sequences", "save_every",
               "log_every", "seed", "skip_max_blocks")
 
@@ -94,6 +95,9 @@ class TrainConfig:
     skip_teacher: str = described("backbone", "the skip branch's teacher: backbone (the frozen backbone, the source "
                                               "design's) or full (the retrofit's own full path, detached: a departure "
                                               "that pulls the skip branch toward what CE teaches the full path)")
+    full_objective: str = described("ce", "the full path's term: ce (cross-entropy on the mix, the source design's) or "
+                                          "kd (KL(backbone || full path) on every position: the backbone as the only "
+                                          "teacher, a named variant)")
     lambda_ent: float = described(0.01, "weight of the routers' entropy (subtracted: it keeps routing spread)")
     lambda_signal: float = described(1.0, "weight of the signal term: corr(alpha on h_{n-1}, the measured per-token "
                                           "cost of skipping n) for the drawn block; 0 is the source design's loss")
@@ -172,6 +176,10 @@ class TrainConfig:
         need(self.hold_frac <= self.ramp_end_frac, "hold_frac must not exceed ramp_end_frac")
         need(self.skip_teacher in SKIP_TEACHERS,
              f"skip_teacher must be one of {', '.join(SKIP_TEACHERS)}, got {self.skip_teacher!r}")
+        need(self.full_objective in FULL_OBJECTIVES,
+             f"full_objective must be one of {', '.join(FULL_OBJECTIVES)}, got {self.full_objective!r}")
+        need(not (self.full_objective == "kd" and self.skip_teacher == "full"),
+             "full_objective kd makes the backbone the only teacher: it does not go with skip_teacher full")
         need(0.0 < self.skip_fraction <= 1.0, f"skip_fraction must lie in (0, 1], got {self.skip_fraction!r}")
         for name in ("lr", "clip_norm", "router_lr_mult", "source_bias_lr_mult"):
             need(getattr(self, name) > 0, f"{name} must be > 0")

@@ -16,7 +16,9 @@ With `variants`, the recipe's variants that could close the gap, each at the sam
 - `side+lora`: the side-channel at half its rank (corrections and shortcuts) and a LoRA inside the frozen blocks
   with the parameters that frees (`RetrofitConfig.inner_lora`), trained together by the recipe's loss;
 - `full-teacher`: the recipe with its skip branch distilled toward the full path instead of the frozen backbone
-  (`TrainConfig.skip_teacher`: a named departure from the source design).
+  (`TrainConfig.skip_teacher`: a named departure from the source design);
+- `backbone-teacher`: the recipe with its full path distilled toward the backbone (KL on every position) instead of
+  trained with CE on the mix (`TrainConfig.full_objective: kd`): the backbone as the only teacher.
 Measured on the validation split (the sweep), the test split and the held-out kjv (the recipe's eval sequences,
 16 x 256), by one eval of the chosen recipe run that scores every arm against the same backbone references
 (perplexity, KL to the backbone, top-1 agreement), with 95% bootstrap intervals over sequences for the differences
@@ -96,7 +98,7 @@ def sweep_methods(heal: list[str]) -> dict[str, SweepMethod]:
 
 
 # recipe variants at the same total trainable parameters (`--variants`)
-RECIPE_VARIANTS = {v: SweepMethod(v, "retrofit") for v in ("side+lora", "full-teacher")}
+RECIPE_VARIANTS = {v: SweepMethod(v, "retrofit") for v in ("side+lora", "full-teacher", "backbone-teacher")}
 LR_FACTORS = (0.5, 1.0, 2.0)  # the sweep: these multiples of the recipe's learning rate, for every method
 COSTS_FILE = "backbone_blocks.json"
 
@@ -187,9 +189,12 @@ def _chosen_arms(arms: list[str] | None, methods: tuple[str, ...]) -> set[str]:
 def variant_config(method: str, cfg: TrainConfig, target: int) -> TrainConfig:
     """The training config of a recipe variant (the recipe's own for the others): `side+lora` halves the
     side-channel's ranks and gives the parameters that frees to a LoRA inside the blocks; `full-teacher`
-    distils the skip branch toward the full path."""
+    distils the skip branch toward the full path; `backbone-teacher` distils the full path toward the backbone
+    instead of training it with CE on the mix (the backbone the only teacher)."""
     if method == "full-teacher":
         return dataclasses.replace(cfg, skip_teacher="full")
+    if method == "backbone-teacher":
+        return dataclasses.replace(cfg, full_objective="kd")
     if method != "side+lora":
         return cfg
     model_config = load_config(cfg.model, cfg.trust_remote_code)

@@ -1,6 +1,8 @@
 """The retrofit's training objective: CE(full path) + lambda_kl KL(teacher || skip branch)
 - lambda_ent mean H(alpha) [+ lambda_signal corr(alpha_{k-1 -> k}, cost_k)], for one micro-batch.
 The teacher is the frozen backbone (the source design's), or with `skip_teacher: full` the full path itself.
+With `full_objective: kd` (a named variant: the backbone as the only teacher) the first term is KL(backbone ||
+full path) per position instead of CE on the mix: the side-channel is asked to keep the full path at the backbone.
 The loss terms themselves are `reskip.losses`; the schedules that drive c(t), the learning rate
 and the drawn block are `schedules`.
 
@@ -31,7 +33,7 @@ class RetrofitObjective(nn.Module):
 
     def __init__(self, model: ReskipModel, lambda_kl: float, lambda_ent: float, lambda_signal: float = 0.0,
                  lambda_local: float = 0.0, loss_chunk: int | None = None, recompute: bool = False,
-                 skip_teacher: str = "backbone"):
+                 skip_teacher: str = "backbone", full_objective: str = "ce"):
         """skip_teacher: what the skip branch is distilled toward: "backbone" (the frozen backbone, the source
         design's) or "full" (this step's full path, detached).
         loss_chunk: compute CE and KL from the passes' final hidden states in chunks of this many
@@ -46,12 +48,13 @@ class RetrofitObjective(nn.Module):
         self.loss_chunk = loss_chunk
         self.recompute = recompute
         self.skip_teacher = skip_teacher
+        self.full_objective = full_objective
 
     @classmethod
     def of(cls, model: ReskipModel, cfg) -> "RetrofitObjective":
         """The objective a `TrainConfig` describes: its loss weights, loss chunk and recompute setting."""
         return cls(model, cfg.lambda_kl, cfg.lambda_ent, cfg.lambda_signal, cfg.lambda_local, cfg.loss_chunk,
-                   cfg.recompute, cfg.skip_teacher)
+                   cfg.recompute, cfg.skip_teacher, cfg.full_objective)
 
     def forward(self, input_ids, labels, skip_block: int, target_scale: float, position_scale: float,
                 skip_mask: torch.Tensor | None = None, also_skipped: tuple[int, ...] = ()):
@@ -100,9 +103,18 @@ class RetrofitObjective(nn.Module):
             if want_signal:
                 with torch.no_grad():  # (B, T): what skipping block k cost at each position
                     cost = ce_tokens(skip.logits, labels) - ce_tokens(full.logits, labels)
+        kd = torch.zeros((), device=kl.device)
+        if self.full_objective == "kd":  # KL(backbone || full path): the teacher pass's own targets
+            if chunked:
+                kd = head_losses(full.last_hidden_state, full.last_hidden_state, teacher, output_head(rm.base_model),
+                                 labels, self.loss_chunk)[1]
+            else:
+                kd = kl_sum(teacher, full.logits)
+            kd = kd * position_scale
         ce, kl = ce * target_scale, kl * position_scale
         ent = entropy_sum(full.alphas) * position_scale
-        loss = ce + self.lambda_kl * kl - self.lambda_ent * ent
+        first = kd if self.full_objective == "kd" else ce
+        loss = first + self.lambda_kl * kl - self.lambda_ent * ent
         sig = torch.zeros((), device=loss.device)
         if want_signal:
             valid = next_token_targets(labels) != -100  # (B, T): positions with a target
@@ -113,7 +125,7 @@ class RetrofitObjective(nn.Module):
             local = local_regression(rm, cap)
             loss = loss + self.lambda_local * local
         return {"loss": loss, "ce": ce.detach(), "kl": kl.detach(), "ent": ent.detach(), "sig": sig.detach(),
-                "local": local.detach()}
+                "local": local.detach(), "kd": kd.detach()}
 
 
 def local_regression(rm: ReskipModel, cap) -> torch.Tensor:

@@ -108,7 +108,7 @@ class RetrofitRecipe:
 
 
 class RetrofitTrainee:
-    terms = ("loss", "ce", "kl", "ent", "sig", "local")
+    terms = ("loss", "ce", "kl", "ent", "sig", "local", "kd")
 
     def __init__(self, model: ReskipModel, cfg: TrainConfig):
         self.model = model
@@ -147,7 +147,8 @@ class RetrofitTrainee:
 
     def record_names(self) -> dict[str, str]:
         names = {"loss": "loss", "ce": "ce", "kl": "kl", "ent": "entropy", "sig": "signal_corr"}
-        return {**names, **({"local": "local"} if self.cfg.lambda_local > 0 else {})}
+        return {**names, **({"local": "local"} if self.cfg.lambda_local > 0 else {}),
+                **({"kd": "kl_full_train"} if self.cfg.full_objective == "kd" else {})}
 
     def validate(self, data: Packed, step: int, cfg: TrainConfig, cache: dict, bar: Progress) -> dict:
         self.model.set_curriculum(curriculum(step, cfg.steps, cfg.hold_frac, cfg.ramp_end_frac))
