@@ -3,7 +3,9 @@ healed model's training and resume, its export as a plain Hugging Face folder, a
 end to end on a tiny model."""
 
 import json
+import os
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -84,7 +86,7 @@ def _config(tiny_data, **kw):
     return TrainConfig(**{**base, **kw})
 
 
-def test_healed_training_resumes_to_the_same_adapter_and_exports_a_plain_model(tiny_data, tmp_path):
+def test_healed_training_resumes_to_the_same_adapter_and_exports_a_plain_model(tiny_data, tmp_path, capsys):
     """A Gemma-3 (sliding and full layers) with two layers removed and healed: a run stopped after its step-2
     checkpoint resumes to the uninterrupted run's adapter byte for byte; the export loads with
     AutoModelForCausalLM alone and gives the in-project model's logits."""
@@ -117,6 +119,21 @@ def test_healed_training_resumes_to_the_same_adapter_and_exports_a_plain_model(t
     with torch.no_grad():
         diff = (exported(input_ids=ids).logits - in_project(input_ids=ids).logits).abs().max().item()
     assert diff < 1e-3
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (out / "model.safetensors").stat().st_mode & 0o777 == 0o666 & ~umask  # not safetensors' own 0600
+
+    # an earlier export is replaced; a folder holding the user's files, the arm itself, the working folder: refused
+    assert main(["export", str(whole), "--out", str(out)]) == 0
+    mine = tmp_path / "project"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    for target, message in ((mine, "holds files export did not write (notes.txt)"), (whole, "the arm's own folder"),
+                            (whole / "sub", "the arm's own folder"), (Path(""), "--out is empty"),
+                            (Path.cwd(), "the working folder")):
+        assert main(["export", str(whole), "--out", str(target)]) == 2
+        assert message in capsys.readouterr().err
+    assert (mine / "notes.txt").read_text() == "keep" and not (whole / "sub").exists()
 
 
 def test_export_refuses_a_folder_that_is_not_a_baseline_run(tmp_path, capsys):

@@ -321,14 +321,27 @@ def test_written_files_follow_the_umask(tmp_path):
 
     from reskip.io_atomic import atomic_folder, atomic_write_json
 
+    from safetensors.torch import save_file
+    import torch
+
+    def library_writes(tmp):  # safetensors writes 0600 whatever the umask; a library may make a 0700 folder
+        (tmp / "w").write_text("w")
+        save_file({"x": torch.zeros(2)}, str(tmp / "weights.safetensors"))
+        (tmp / "sub").mkdir(mode=0o700)
+        (tmp / "sub" / "s").write_text("s")
+        os.chmod(tmp / "sub" / "s", 0o600)
+
     old = os.umask(0o022)
     try:
         atomic_write_json(tmp_path / "a.json", {"x": 1})
-        atomic_folder(tmp_path / "f", lambda tmp: (tmp / "w").write_text("w"))
+        atomic_folder(tmp_path / "f", library_writes)
     finally:
         os.umask(old)
     assert (tmp_path / "a.json").stat().st_mode & 0o777 == 0o644
     assert (tmp_path / "f").stat().st_mode & 0o777 == 0o755
+    for name in ("w", "weights.safetensors", "sub/s"):
+        assert (tmp_path / "f" / name).stat().st_mode & 0o777 == 0o644, name
+    assert (tmp_path / "f" / "sub").stat().st_mode & 0o777 == 0o755
 
 
 def test_config_numbers_are_read_as_yaml_1_2():

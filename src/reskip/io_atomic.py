@@ -23,6 +23,21 @@ def _as_created(path, mode: int) -> None:
     os.chmod(path, mode & ~_umask())
 
 
+def with_umask(folder: Path) -> None:
+    """Every file and folder a library wrote inside `folder` with its own mode (safetensors writes 0600 whatever the
+    umask) gets the mode the user's umask gives a new one, so an exported model, an adapter or a checkpoint can be
+    read by another account (a service user) where the umask lets it; links are left alone."""
+    for root, dirs, files in os.walk(folder):
+        for name in dirs:
+            if not os.path.islink(os.path.join(root, name)):
+                _as_created(os.path.join(root, name), 0o777)
+        for name in files:
+            p = os.path.join(root, name)
+            if not os.path.islink(p):
+                executable = os.stat(p).st_mode & 0o111
+                _as_created(p, 0o777 if executable else 0o666)
+
+
 def atomic_write(path: Path, write: Callable[[str], None]) -> None:
     """Call write(tmp_path), then move tmp_path onto `path`; on failure `path` is left as it was."""
     path = Path(path)
@@ -62,6 +77,7 @@ def atomic_folder(path: Path, write: Callable[[Path], None]) -> Path:
     try:
         write(tmp)
         _as_created(tmp, 0o777)
+        with_umask(tmp)
         old = None
         if path.exists():
             old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".old"))

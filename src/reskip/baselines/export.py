@@ -19,9 +19,27 @@ from .arms import load_arm_model, read_arm
 RECORD = "reskip.json"
 
 
+def check_out(run_dir: Path, out: Path) -> None:
+    """Refuse an output folder export must not replace: the working folder or one above it, the arm itself (or a
+    folder inside it or holding it), or a folder that holds anything but an earlier export (its `RECORD`)."""
+    if not str(out) or str(out) == ".":
+        raise ReskipError("--out is empty: name the folder to write the model into")
+    target, here, arm = Path(out).resolve(), Path.cwd().resolve(), Path(run_dir).resolve()
+    if target == here or target in here.parents:
+        raise ReskipError(f"--out {out} is the working folder (or holds it): name a new folder for the model")
+    if target == arm or arm in target.parents or target in arm.parents:
+        raise ReskipError(f"--out {out} is the arm's own folder, inside it or around it: name a folder outside {run_dir}")
+    if target.is_dir() and any(target.iterdir()) and not (target / RECORD).is_file():
+        held = ", ".join(sorted(p.name for p in target.iterdir())[:5])
+        raise ReskipError(f"--out {out} holds files export did not write ({held}): choose an empty or new folder; "
+                          "nothing was touched")
+
+
 def export_run(run_dir: Path, out: Path, dtype: str = "float32") -> Path:
-    """Write the run's merged model, its tokenizer and its record to `out` (a folder written whole or not at all)."""
+    """Write the run's merged model, its tokenizer and its record to `out` (a folder written whole or not at all;
+    an earlier export there is replaced, anything else refused: `check_out`)."""
     cfg, arm = read_arm(run_dir)  # not a baseline run: one clear error before the model loads
+    check_out(run_dir, out)
     model, tokenizer = load_arm_model(run_dir, dtype)
     n_layers = model.get_base_model().config.num_hidden_layers + len(arm.drop_layers)
     merged = model.merge_and_unload()

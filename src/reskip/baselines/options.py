@@ -9,5 +9,6 @@ from ..config_fields import described
 
 @dataclass
 class ExportOptions:
-    out: str | None = described(None, "the folder to write (replaced whole if it exists)", required=True)
+    out: str | None = described(None, "the folder to write: new, empty, or an earlier export (replaced whole); any "
+                                      "other folder is refused untouched", required=True)
     dtype: str = described("float32", "the exported weights' dtype", choices=("float32", "bfloat16"))

@@ -12,13 +12,14 @@ from .options import add_option_flags, options_from_args
 
 
 def cmd_export(args) -> int:
-    from ..baselines.export import export_run  # lazy: torch
+    from ..baselines.export import check_out, export_run  # lazy: torch
 
     run = Path(args.run)
     if not (run / "config.yaml").is_file() or not (run / "adapter" / "adapter_config.json").is_file():
         raise ReskipError(f"{run} is not a finished baseline run (needs config.yaml and adapter/); train one with "
                           "`reskip experiment baselines`")
     o = options_from_args(ExportOptions, args)
+    check_out(run, Path(o.out))
     out = export_run(run, Path(o.out), o.dtype)
     print(f"exported {run} to {out}: load it with AutoModelForCausalLM.from_pretrained({str(out)!r})")
     return 0

@@ -54,13 +54,7 @@ def evaluate_run(run, options: EvalOptions = EvalOptions()) -> Path:
     methods = parse_methods(options.methods, policy_file, options.seed)
     mc_methods = parse_methods(options.mc_methods, policy_file, options.seed) if options.benchmarks else []
     questions = {b: load_benchmark(b, options.mc_limit, options.seed) for b in options.benchmarks}
-    if options.heldout:
-        if set(options.heldout) & set(specs):
-            raise ReskipError(f"--heldout {options.heldout} is part of the evaluation data {specs}: a held-out "
-                              "source must be one the run did not train or calibrate on")
-        heldout_splits, heldout_record = load_splits(list(options.heldout))
-        if not heldout_splits["test"]:
-            raise ReskipError(f"the test split of the held-out data {options.heldout} is empty")
+    heldout_splits, heldout_record = _heldout_documents(options, specs)
     opened = inputs.open(options, window=options.window, seed=options.seed)
     model, tok, window = opened.model, opened.tokenizer, opened.window
     seq_len, record = inputs.seq_len, inputs.record
@@ -81,11 +75,7 @@ def evaluate_run(run, options: EvalOptions = EvalOptions()) -> Path:
     print(f"[eval] {len(methods)} methods on {len(data)} test sequences x {seq_len} tokens, in "
           f"{describe(options.dtype, opened.device)} on {opened.device}", flush=True)
     results = run_methods(data, methods, "eval")
-    mc = {}
-    for m in mc_methods:
-        for b, qs in questions.items():
-            print(f"[eval] {b} with {m.name} ({len(qs)} questions)", flush=True)
-            mc.setdefault(m.name, {})[b] = mc_accuracy(m.scorer.model if m.scorer else model, tok, qs, m.policy, window)
+    mc = _multiple_choice(mc_methods, questions, model, tok, window)
     out = {
         "meta": {"adapter": str(source.adapter_dir), "policy": str(source.policy_path) if policy_file else None,
                  "sequences": len(data), "seq_len": seq_len, "chunk_size": options.chunk_size, "window": window,
@@ -97,12 +87,7 @@ def evaluate_run(run, options: EvalOptions = EvalOptions()) -> Path:
     }
     if options.heldout:
         held = pack(tok, heldout_splits["test"], seq_len, options.sequences, seed=0)
-        # the same methods by name, the matched ones included (already expanded in `results`), and static,
-        # influence and random matched anew at the skips each ReSkip point measures on this source (its
-        # thresholds drift there: compared at the compute it actually spends)
-        again = [Spec(r["kind"], name, **r["arguments"]) for name, r in results.items()]
-        again += [Spec("matched", "matched")] if any(s.kind == "matched" for s in options.methods) else []
-        held_methods = parse_methods(again, policy_file, options.seed)
+        held_methods = parse_methods(_same_methods(results, options), policy_file, options.seed)
         open_scorers(held_methods, scorer_context, scorers)
         print(f"[eval] {len(held_methods)} methods on {len(held)} held-out sequences ({', '.join(options.heldout)})",
               flush=True)
@@ -117,6 +102,38 @@ def evaluate_run(run, options: EvalOptions = EvalOptions()) -> Path:
     atomic_write_json(folder / "results.json", out)
     atomic_write_text(folder / "results.md", markdown(out))
     return folder / "results.json"
+
+
+def _heldout_documents(options: EvalOptions, specs: list[str]) -> tuple[dict | None, dict | None]:
+    """The held-out source's documents and record (None without one), refused when it is part of the run's data
+    or its test split is empty."""
+    if not options.heldout:
+        return None, None
+    if set(options.heldout) & set(specs):
+        raise ReskipError(f"--heldout {options.heldout} is part of the evaluation data {specs}: a held-out "
+                          "source must be one the run did not train or calibrate on")
+    splits, record = load_splits(list(options.heldout))
+    if not splits["test"]:
+        raise ReskipError(f"the test split of the held-out data {options.heldout} is empty")
+    return splits, record
+
+
+def _multiple_choice(mc_methods, questions: dict, model, tok, window: int) -> dict:
+    """Each method's accuracy on each benchmark: the retrofit under its policy, the backbone, or a model of its own."""
+    mc = {}
+    for m in mc_methods:
+        for b, qs in questions.items():
+            print(f"[eval] {b} with {m.name} ({len(qs)} questions)", flush=True)
+            mc.setdefault(m.name, {})[b] = mc_accuracy(m.scorer.model if m.scorer else model, tok, qs, m.policy, window)
+    return mc
+
+
+def _same_methods(results: dict, options: EvalOptions) -> list[Spec]:
+    """The in-domain rows' methods, rebuilt from their kinds and arguments (the matched ones included), and
+    `matched` again when asked: static, influence and random matched anew at the skips each ReSkip point measures
+    on the held-out source (its thresholds drift there: compared at the compute it actually spends)."""
+    again = [Spec(r["kind"], name, **r["arguments"]) for name, r in results.items()]
+    return again + ([Spec("matched", "matched")] if any(s.kind == "matched" for s in options.methods) else [])
 
 
 def frontier_of(results: dict, n_blocks: int) -> list[dict]:

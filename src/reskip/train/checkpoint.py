@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from ..errors import ReskipError
-from ..io_atomic import atomic_write_text
+from ..io_atomic import atomic_write_text, with_umask
 from ..runs import RunFolder
 
 STATE_NAME = "trainer_state.pt"
@@ -43,6 +43,7 @@ def save_checkpoint(run_dir: Path, step: int, trainee, optimizer, tokens_seen: i
         "torch_rng": torch.get_rng_state(),
     }
     torch.save(state, tmp / STATE_NAME)
+    with_umask(tmp)  # a library's 0600 weights readable where the user's umask lets them
     if final.exists():
         shutil.rmtree(final)
     tmp.rename(final)

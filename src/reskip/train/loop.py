@@ -220,17 +220,15 @@ def not_written_by_training(files: RunFolder, recipe=None) -> list[str]:
     return out
 
 
-def open_training(cfg: TrainConfig, run_dir: Path, resume: bool, show_progress: bool,
-                  overwrite: bool = False, recipe=None) -> TrainingRun:
-    """Check the config, load the backbone and data, build the model, objective and optimizer (restored from
-    the last checkpoint on `resume`), and write config.yaml and splits.json."""
+def _engine(cfg: TrainConfig, run_dir: Path, recipe) -> Accelerator:
+    """The distributed engine for this process, after the checks that need its process count (the config's and
+    the recipe's own, sharding's)."""
     # cpu=True on the CPU: under torchrun this gives gloo data-parallel on CPU processes; on CUDA each process
     # takes its local rank's GPU (one process: the one --device names).
     check_launch()
     device = training_device(cfg.device)
     accelerator = Accelerator(gradient_accumulation_steps=cfg.grad_accum, cpu=device.type == "cpu",
                               log_with=cfg.report_to, project_dir=run_dir if cfg.report_to else None)
-    recipe = recipe or RETROFIT
     cfg.validate(world_size=accelerator.num_processes)
     recipe.check(cfg)
     if cfg.shard and accelerator.num_processes < 2:
@@ -239,6 +237,15 @@ def open_training(cfg: TrainConfig, run_dir: Path, resume: bool, show_progress: 
     if cfg.shard and cfg.retrofit_config().inner_lora:
         raise ReskipError("--shard keeps the decoder layers frozen and sharded: it does not train a LoRA inside them "
                           "(inner_lora)")
+    return accelerator
+
+
+def open_training(cfg: TrainConfig, run_dir: Path, resume: bool, show_progress: bool,
+                  overwrite: bool = False, recipe=None) -> TrainingRun:
+    """Check the config, load the backbone and data, build the model, objective and optimizer (restored from
+    the last checkpoint on `resume`), and write config.yaml and splits.json."""
+    recipe = recipe or RETROFIT
+    accelerator = _engine(cfg, run_dir, recipe)
     # config.yaml, the adapter and a resumed run keep the dtype 'auto' resolved to on this hardware
     asked, cfg = cfg.dtype, dataclasses.replace(cfg, dtype=resolve_dtype_name(cfg.dtype, accelerator.device))
     files = RunFolder(run_dir)

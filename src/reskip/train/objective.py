@@ -56,6 +56,16 @@ class RetrofitObjective(nn.Module):
         return cls(model, cfg.lambda_kl, cfg.lambda_ent, cfg.lambda_signal, cfg.lambda_local, cfg.loss_chunk,
                    cfg.recompute, cfg.skip_teacher, cfg.full_objective)
 
+    def _full_kd(self, full, teacher, labels) -> torch.Tensor:
+        """KL(backbone || full path) summed over positions with `full_objective: kd` (the teacher pass's own
+        targets: hidden states when the loss is chunked, else the (p, sum p log p) pair); 0 otherwise."""
+        if self.full_objective != "kd":
+            return torch.zeros((), device=labels.device)
+        if self.loss_chunk is not None:
+            return head_losses(full.last_hidden_state, full.last_hidden_state, teacher,
+                               output_head(self.model.base_model), labels, self.loss_chunk)[1]
+        return kl_sum(teacher, full.logits)
+
     def forward(self, input_ids, labels, skip_block: int, target_scale: float, position_scale: float,
                 skip_mask: torch.Tensor | None = None, also_skipped: tuple[int, ...] = ()):
         with self.model.recomputing_layers(self.recompute):
@@ -103,14 +113,7 @@ class RetrofitObjective(nn.Module):
             if want_signal:
                 with torch.no_grad():  # (B, T): what skipping block k cost at each position
                     cost = ce_tokens(skip.logits, labels) - ce_tokens(full.logits, labels)
-        kd = torch.zeros((), device=kl.device)
-        if self.full_objective == "kd":  # KL(backbone || full path): the teacher pass's own targets
-            if chunked:
-                kd = head_losses(full.last_hidden_state, full.last_hidden_state, teacher, output_head(rm.base_model),
-                                 labels, self.loss_chunk)[1]
-            else:
-                kd = kl_sum(teacher, full.logits)
-            kd = kd * position_scale
+        kd = self._full_kd(full, teacher, labels) * position_scale
         ce, kl = ce * target_scale, kl * position_scale
         ent = entropy_sum(full.alphas) * position_scale
         first = kd if self.full_objective == "kd" else ce
