@@ -5,7 +5,7 @@ import json
 import pytest
 
 from reskip import ReskipError
-from reskip.run_files import KINDS, read_run_file, stamped, upgraded
+from reskip.run_files import FILE_VERSIONS, read_run_file, stamped, upgraded
 from reskip.train.log import format_summary
 
 
@@ -22,7 +22,7 @@ def test_every_kind_upgrades_its_first_version_to_todays_names(tmp_path):
         "results.json": {"meta": {}, "methods": {}, "frontier": []},
         "parity.json": {"model": "m", "parity": [], "params": {}},
     }
-    assert set(old) == set(KINDS)
+    assert set(old) == set(FILE_VERSIONS)
     for name, data in old.items():
         (tmp_path / name).write_text(json.dumps(data))
     summary = read_run_file(tmp_path / "summary.json")
@@ -33,7 +33,7 @@ def test_every_kind_upgrades_its_first_version_to_todays_names(tmp_path):
     policy = read_run_file(tmp_path / "policy.json")
     assert policy["adapter"]["forward_config"] is None and policy["calibration"]["wall_s"] is None
     assert policy["adapter"]["legacy_tensor_names"] is True
-    for name in KINDS:
+    for name in FILE_VERSIONS:
         assert read_run_file(tmp_path / name)["format_version"] == KINDS[name][0]
 
 

@@ -50,7 +50,7 @@ def _policy_from_2(d: dict) -> None:
 
 
 # file name -> (today's version, {version: the upgrade from it to the next})
-KINDS = {
+FILE_VERSIONS = {
     "summary.json": (2, {1: _summary_from_1}),
     "diagnostics.json": (2, {1: _diagnostics_from_1}),
     "pipeline.json": (2, {1: _pipeline_from_1}),
@@ -91,7 +91,7 @@ def _check_schema(kind: str, data: dict, where) -> None:
 
 
 def version_of(kind: str) -> int:
-    return KINDS[kind][0]
+    return FILE_VERSIONS[kind][0]
 
 
 def stamped(kind: str, data: dict) -> dict:
@@ -106,7 +106,7 @@ def upgraded(kind: str, data, where) -> dict:
     if kind == "summary.json" and "lora" in data:  # the other summary.json: a baseline arm's (its own fields)
         raise ReskipError(f"{where} is a baseline arm's summary (a LoRA run, not the retrofit's): its figures are "
                           "in the baselines experiment's report (`reskip report OUT` of the experiment's --out)")
-    today, steps = KINDS[kind]
+    today, steps = FILE_VERSIONS[kind]
     version = data.get("format_version", 1)
     if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= today:
         raise ReskipError(f"{where} has format_version {version!r}; this reskip reads versions 1 to {today}: "
@@ -123,4 +123,4 @@ def read_run_file(path: Path, kind: str | None = None):
     pipeline.json, policy.json) upgraded to today's version, any other read as it is."""
     kind = kind or Path(path).name
     data = read_json(path)
-    return upgraded(kind, data, path) if kind in KINDS else data
+    return upgraded(kind, data, path) if kind in FILE_VERSIONS else data

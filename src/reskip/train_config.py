@@ -141,30 +141,7 @@ class TrainConfig:
             if not cond:
                 raise ReskipError(f"bad training config: {msg}")
 
-        # Types first, so that every later comparison is between numbers (a YAML value such as
-        # `nan` or `1e-3x` arrives as a string).
-        for name in REAL_FIELDS:
-            v = getattr(self, name)
-            need(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
-                 f"{name} must be a finite number, got {v!r}")
-        for name in INT_FIELDS:
-            v = getattr(self, name)
-            need(isinstance(v, int) and not isinstance(v, bool), f"{name} must be an integer, got {v!r}")
-        need(isinstance(self.trust_remote_code, bool), f"trust_remote_code must be true or false, got {self.trust_remote_code!r}")
-        need(isinstance(self.recompute, bool), f"recompute must be true or false, got {self.recompute!r}")
-        need(isinstance(self.shard, bool), f"shard must be true or false, got {self.shard!r}")
-        need(isinstance(self.skip_kl_curve, bool), f"skip_kl_curve must be true or false, got {self.skip_kl_curve!r}")
-        need(self.report_to in REPORT_TO, f"report_to must be one of {REPORT_TO} (null: none), got {self.report_to!r}")
-        need(self.model is None or isinstance(self.model, str), f"model must be a name or path, got {self.model!r}")
-        need(isinstance(self.data, list) and all(isinstance(d, str) for d in self.data),
-             f"data must be a list of data specs, got {self.data!r}")
-        need(self.data_weights is None or (isinstance(self.data_weights, dict) and all(
-            isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w) and w >= 0
-            for w in self.data_weights.values())), f"data_weights must map sources to weights >= 0, got {self.data_weights!r}")
-        need(isinstance(self.retrofit, dict), f"retrofit must be a mapping of retrofit keys, got {self.retrofit!r}")
-        need(self.dtype in ("auto", "float32", "bfloat16"), f"dtype must be auto, float32 or bfloat16, got {self.dtype!r}")
-        need(isinstance(self.device, str) and DEVICE_PATTERN.fullmatch(self.device) is not None,
-             f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        self._check_types(need)
         for name in ("seq_len", "steps", "batch_size", "grad_accum", "eval_sequences", "eval_every", "save_every", "log_every",
                      "skip_max_blocks"):
             v = getattr(self, name)
@@ -199,6 +176,32 @@ class TrainConfig:
             self.retrofit_config()
         except (ValueError, TypeError) as e:  # the retrofit's own refusal, with its message
             raise ReskipError(f"bad training config: retrofit: {e}") from e
+
+    def _check_types(self, need) -> None:
+        # Types first, so that every later comparison is between numbers (a YAML value such as
+        # `nan` or `1e-3x` arrives as a string).
+        for name in REAL_FIELDS:
+            v = getattr(self, name)
+            need(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
+                 f"{name} must be a finite number, got {v!r}")
+        for name in INT_FIELDS:
+            v = getattr(self, name)
+            need(isinstance(v, int) and not isinstance(v, bool), f"{name} must be an integer, got {v!r}")
+        need(isinstance(self.trust_remote_code, bool), f"trust_remote_code must be true or false, got {self.trust_remote_code!r}")
+        need(isinstance(self.recompute, bool), f"recompute must be true or false, got {self.recompute!r}")
+        need(isinstance(self.shard, bool), f"shard must be true or false, got {self.shard!r}")
+        need(isinstance(self.skip_kl_curve, bool), f"skip_kl_curve must be true or false, got {self.skip_kl_curve!r}")
+        need(self.report_to in REPORT_TO, f"report_to must be one of {REPORT_TO} (null: none), got {self.report_to!r}")
+        need(self.model is None or isinstance(self.model, str), f"model must be a name or path, got {self.model!r}")
+        need(isinstance(self.data, list) and all(isinstance(d, str) for d in self.data),
+             f"data must be a list of data specs, got {self.data!r}")
+        need(self.data_weights is None or (isinstance(self.data_weights, dict) and all(
+            isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w) and w >= 0
+            for w in self.data_weights.values())), f"data_weights must map sources to weights >= 0, got {self.data_weights!r}")
+        need(isinstance(self.retrofit, dict), f"retrofit must be a mapping of retrofit keys, got {self.retrofit!r}")
+        need(self.dtype in ("auto", "float32", "bfloat16"), f"dtype must be auto, float32 or bfloat16, got {self.dtype!r}")
+        need(isinstance(self.device, str) and DEVICE_PATTERN.fullmatch(self.device) is not None,
+             f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
 
     def check_against_model(self, model_config, n_blocks: int) -> None:
         limit = getattr(model_config, "max_position_embeddings", None)

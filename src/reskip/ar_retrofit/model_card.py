@@ -38,7 +38,7 @@ def card_text(config: dict, params: int, policy: dict | None = None) -> str:
     if train:
         lines += ["## Training", "",
                   f"- data: {', '.join(train['data'])}" + (f" (weights {train['data_weights']})" if train.get("data_weights") else ""),
-                  f"- budget: {train['steps']} steps x {train['batch_size']} x {train['seq_len']} tokens "
+                  f"- training length: {train['steps']} steps x {train['batch_size']} x {train['seq_len']} tokens "
                   f"({meta.get('tokens_seen', 0):,} tokens seen), lr {train['lr']}",
                   f"- backbone computed in {meta.get('dtype', 'float32')} (side-channel and optimizer in float32)", ""]
     measured = meta.get("measured")

@@ -13,10 +13,7 @@ from ..errors import ReskipError
 from ..ar_retrofit.config import VARIANTS, RetrofitConfig
 from ..config_fields import flag_of, help_of
 from ..stage_options import DTYPE_HELP, DTYPE_NAMES
-from ..stage_options import PRESETS as PRESET_BUDGETS
 from ..train_config import RECIPE_RETROFIT, TrainConfig
-
-PRESETS = tuple(PRESET_BUDGETS)
 
 # Every subcommand's --help ends with an example or two (torchtune's habit).
 EXAMPLES = {

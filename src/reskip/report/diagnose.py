@@ -31,6 +31,24 @@ from .options import DiagnoseOptions
 SOURCE_INSTANCE = {"n_layers": 48, "hidden_size": 4096, "context": 4096, "dtype_bytes": 2, "block_size": 12}
 
 
+def _signal_test(model, tok, splits, seq_len: int, policy, eligible: list[int], window: int,
+                 options: DiagnoseOptions) -> dict:
+    """The signal test on eval's test sequences, with the cost probes fitted on the calibration split when asked,
+    each row beside its block's I(n) and A(n) as the report shows them."""
+    test = pack(tok, splits["test"], seq_len, options.signal_sequences, seed=0)  # eval's sequences
+    probes = None
+    if options.probe_sequences:  # fitted on the calibration split; chosen on a held-out part of it
+        calib = pack(tok, splits["calib"], seq_len, options.probe_sequences, seed=0)
+        with Progress(len(calib), "diagnose: cost probes", unit="seq", enabled=not options.quiet) as bar:
+            probes = fit_probes(model, calib, eligible, window, progress=bar.update)
+    with Progress(len(test), "diagnose: signal test", unit="seq", enabled=not options.quiet) as bar:
+        st = signal_test(model, test, eligible, window, probes=probes, progress=bar.update)
+    by_block = {b["block"]: b for b in policy.data["blocks"]}
+    for row in st["blocks"]:
+        row.update(A=by_block[row["block"]]["A"], I=by_block[row["block"]]["I"])
+    return st
+
+
 def diagnose_run(run, options: DiagnoseOptions = DiagnoseOptions()) -> Path:
     """The depth diagnostics of `run` -> its diagnostics.json (returned)."""
     check_fields(options)
@@ -84,18 +102,7 @@ def diagnose_run(run, options: DiagnoseOptions = DiagnoseOptions()) -> Path:
         result["sample_trace"] = trace
         eligible = sorted(policy.eligible())
         if eligible and options.signal_sequences:
-            test = pack(tok, splits["test"], seq_len, options.signal_sequences, seed=0)  # eval's sequences
-            probes = None
-            if options.probe_sequences:  # fitted on the calibration split; chosen on a held-out part of it
-                calib = pack(tok, splits["calib"], seq_len, options.probe_sequences, seed=0)
-                with Progress(len(calib), "diagnose: cost probes", unit="seq", enabled=not options.quiet) as bar:
-                    probes = fit_probes(model, calib, eligible, window, progress=bar.update)
-            with Progress(len(test), "diagnose: signal test", unit="seq", enabled=not options.quiet) as bar:
-                st = signal_test(model, test, eligible, window, probes=probes, progress=bar.update)
-            by_block = {b["block"]: b for b in policy.data["blocks"]}
-            for row in st["blocks"]:  # beside I(n) and A(n), as the report shows them
-                row.update(A=by_block[row["block"]]["A"], I=by_block[row["block"]]["I"])
-            result["signal_test"] = st
+            result["signal_test"] = _signal_test(model, tok, splits, seq_len, policy, eligible, window, options)
     path = Path(options.out) if options.out else source.files.diagnostics
     atomic_write_json(path, stamped("diagnostics.json", result))
     return path

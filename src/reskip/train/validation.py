@@ -14,6 +14,15 @@ from ..losses import ce_sum, entropy_per_block, head_logits, kl_sum, teacher_tar
 from ..ar_retrofit.model import ReskipModel
 
 
+def _add_skips(model: ReskipModel, ids, labels, cap, target, skip: dict, skip_ce: dict) -> None:
+    """Each block skipped in turn, replaying the full pass's states before it: KL to the backbone and CE summed."""
+    for k in skip:
+        with model.replaying(cap, k):
+            z = model(input_ids=ids, use_cache=False).logits  # (B, T, V), block k skipped
+        skip[k] += kl_sum(target, z).item()
+        skip_ce[k] += ce_sum(z, labels).item()
+
+
 @torch.no_grad()
 def validation_metrics(model: ReskipModel, data: Packed, batch_size: int = 4, skip_kl: bool = True,
                        teacher_states: dict | None = None, progress: Callable[[int], None] | None = None) -> dict:
@@ -31,8 +40,7 @@ def validation_metrics(model: ReskipModel, data: Packed, batch_size: int = 4, sk
     sums = {"ce_full": 0.0, "ce_backbone": 0.0, "kl_full": 0.0}
     ent = {n: 0.0 for n in range(2, n_blocks + 1)}
     prev = {n: [] for n in range(2, n_blocks + 1)}  # alpha_{n-1 -> n} per token
-    skip = {k: 0.0 for k in range(1, n_blocks + 1)}
-    skip_ce = dict(skip)
+    skip, skip_ce = {k: 0.0 for k in range(1, n_blocks + 1)}, {k: 0.0 for k in range(1, n_blocks + 1)}
     n_targets, n_positions = 0, 0
     cache = {} if teacher_states is None else teacher_states
     head = output_head(model.base_model)
@@ -56,11 +64,7 @@ def validation_metrics(model: ReskipModel, data: Packed, batch_size: int = 4, sk
         for n, a in full.alphas.items():
             prev[n].append(a[..., -1].float().flatten())
         if skip_kl:
-            for k in skip:
-                with model.replaying(cap, k):
-                    z = model(input_ids=ids, use_cache=False).logits  # (B, T, V), block k skipped
-                skip[k] += kl_sum(target, z).item()
-                skip_ce[k] += ce_sum(z, labels).item()
+            _add_skips(model, ids, labels, cap, target, skip, skip_ce)
         n_targets += int((labels[:, 1:] != -100).sum())
         n_positions += positions
         if progress is not None:
