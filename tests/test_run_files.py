@@ -34,7 +34,7 @@ def test_every_kind_upgrades_its_first_version_to_todays_names(tmp_path):
     assert policy["adapter"]["forward_config"] is None and policy["calibration"]["wall_s"] is None
     assert policy["adapter"]["legacy_tensor_names"] is True
     for name in FILE_VERSIONS:
-        assert read_run_file(tmp_path / name)["format_version"] == KINDS[name][0]
+        assert read_run_file(tmp_path / name)["format_version"] == FILE_VERSIONS[name][0]
 
 
 def test_todays_files_pass_unchanged_and_a_newer_one_is_refused(tmp_path):
@@ -46,17 +46,17 @@ def test_todays_files_pass_unchanged_and_a_newer_one_is_refused(tmp_path):
         upgraded("diagnostics.json", [1], tmp_path / "diagnostics.json")
 
 
-@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize("kind", sorted(FILE_VERSIONS))
 def test_a_file_without_what_its_readers_rely_on_is_one_clear_error(tmp_path, kind):
     """A run file cut short or edited (a key missing, a key of the wrong type) is refused on read, naming the file
     and the key, instead of failing later inside a reader (the report reads these without torch)."""
     from reskip.run_files import SCHEMAS
 
     key = next(iter(SCHEMAS[kind]))
-    (tmp_path / kind).write_text(json.dumps({"format_version": KINDS[kind][0]}))
+    (tmp_path / kind).write_text(json.dumps({"format_version": FILE_VERSIONS[kind][0]}))
     with pytest.raises(ReskipError, match=f"{kind}: missing field '{key}'"):
         read_run_file(tmp_path / kind)
-    (tmp_path / kind).write_text(json.dumps({"format_version": KINDS[kind][0], **{k: "x" for k in SCHEMAS[kind]}}))
+    (tmp_path / kind).write_text(json.dumps({"format_version": FILE_VERSIONS[kind][0], **{k: "x" for k in SCHEMAS[kind]}}))
     with pytest.raises(ReskipError, match="must be"):
         read_run_file(tmp_path / kind)
 
