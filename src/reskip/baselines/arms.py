@@ -42,6 +42,9 @@ def arm_config_text(cfg: TrainConfig, arm: LoraArm) -> str:
 
 def read_arm(run_dir: Path) -> tuple[TrainConfig, LoraArm]:
     """A baseline run's config.yaml -> (TrainConfig, LoraArm)."""
+    if not RunFolder(run_dir).config.is_file():
+        raise ReskipError(f"{run_dir} is not a finished baseline run (no config.yaml): a LoRA or healed-static arm of "
+                          "`reskip experiment baselines` has one")
     data = read_yaml(RunFolder(run_dir).config, load_yaml)
     if not isinstance(data, dict) or not {"train", "lora"} <= set(data):
         raise ReskipError(f"{run_dir} is not a finished baseline run: its config.yaml has no train: and lora: (a "

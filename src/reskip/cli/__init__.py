@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..errors import ReskipError
 from . import backbone, compress, evaluate, experiment, export, lab, report, run, skip, train
-from .common import Parser
+from .common import Parser, resolve_run
 
 COMMAND_GROUPS = (backbone, train, skip, evaluate, report, run, experiment, export, compress, lab)
 
@@ -27,6 +27,7 @@ def build_parser() -> Parser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        resolve_run(args)
         check_out(args)
         return args.func(args)
     except ReskipError as e:

@@ -24,14 +24,14 @@ EXAMPLES = {
     "train": "reskip train --out runs/my-run                       # the default recipe on the bundled model and data\n"
              "reskip train --config my.yaml --lr 1e-3 --out runs/r2  # a YAML file of training keys, a flag over it\n"
              "reskip train --resume runs/my-run                      # continue from its last checkpoint",
-    "calibrate": "reskip calibrate --adapter runs/my-run\n"
-                 "reskip calibrate --adapter runs/my-run --delta 1.0 --budgets 0.5 1 2 --sequences 64",
-    "generate": "reskip generate \"Explain photosynthesis\" --adapter runs/my-run --policy reskip:budget=1\n"
-                "reskip generate \"Once upon a time\" --adapter runs/my-run --policy static:1 --sample --top-p 0.9",
-    "eval": "reskip eval --adapter runs/my-run\n"
-            "reskip eval --adapter runs/my-run --methods backbone retrofit static:1 reskip:budget=1 --heldout kjv "
+    "calibrate": "reskip calibrate runs/my-run\n"
+                 "reskip calibrate runs/my-run --delta 1.0 --budgets 0.5 1 2 --sequences 64",
+    "generate": "reskip generate runs/my-run \"Explain photosynthesis\" --policy reskip:budget=1\n"
+                "reskip generate runs/my-run \"Once upon a time\" --policy static:1 --sample --top-p 0.9",
+    "eval": "reskip eval runs/my-run\n"
+            "reskip eval runs/my-run --methods backbone retrofit static:1 reskip:budget=1 --heldout kjv "
             "--benchmarks none\n"
-            "reskip eval --adapter runs/my-run --methods backbone pruned:1 healed:ARM export:my-model --heldout kjv",
+            "reskip eval runs/my-run --methods backbone pruned:1 healed:ARM export:my-model --heldout kjv",
     "diagnose": "reskip diagnose runs/my-run\nreskip diagnose runs/my-run --signal-sequences 0 --sequences 8",
     "report": "reskip report runs/my-run                 # RUN/report/report.html\n"
               "reskip report runs/experiments            # every experiment in that folder",
@@ -105,7 +105,23 @@ def retrofit_flags(p: argparse.ArgumentParser) -> None:
 
 
 def adapter_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--adapter", required=True, metavar="RUN", help="training run folder or adapter folder (required)")
+    """The run a command reads: a positional RUN, or `--adapter RUN` (the same, kept as an alias); `resolve_run`
+    puts it in `args.adapter` before the command runs."""
+    p.add_argument("run_positional", nargs="?", metavar="RUN", help="training run folder or adapter folder")
+    p.add_argument("--adapter", metavar="RUN", default=None, help="the same as RUN, an alias (default: RUN)")
+
+
+def resolve_run(args) -> None:
+    """One run, named once: RUN or --adapter RUN (refused when neither is given or the two differ)."""
+    if not hasattr(args, "run_positional"):
+        return
+    given = {x for x in (args.run_positional, args.adapter) if x is not None}
+    if not given:
+        raise ReskipError(f"reskip {args.command}: name the run: RUN (a training run or adapter folder) or --adapter RUN")
+    if len(given) > 1:
+        raise ReskipError(f"reskip {args.command}: RUN {args.run_positional} and --adapter {args.adapter} name two "
+                          "runs: give one")
+    args.adapter = given.pop()
 
 
 def parse_boundaries(text: str | None) -> list[int] | None:

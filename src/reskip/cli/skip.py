@@ -74,7 +74,7 @@ def register(sub) -> None:
 
     p = sub.add_parser("generate", help="generate with a skip policy; prints blocks skipped per token",
                        **examples("generate"))
+    adapter_flag(p)  # RUN first: `reskip generate RUN "prompt"`, or `reskip generate "prompt" --adapter RUN`
     p.add_argument("prompt", help="the text to answer (through the model's chat template unless --raw)")
-    adapter_flag(p)
     add_option_flags(p, GenerateOptions)
     p.set_defaults(func=cmd_generate)
