@@ -92,3 +92,19 @@ def test_reskip_lm_eval_module(adapter_with_policy):
     own --device (the model placed there by reskip)."""
     _harness_cli([sys.executable, "-m", "reskip.evaluate.lm_eval_model"], adapter_with_policy, "static:1",
                  ("--device", "cpu"))
+
+
+def test_the_export_benchmark_runs_lm_eval_s_own_hf_model_on_a_plain_folder(tmp_path):
+    """`benchmarks/lm_eval_export.py`: its local MMLU task and lm-eval's `hf` model on a plain folder (the bundled
+    model's converted copy, what an export is to lm-eval), offline."""
+    import importlib.util as iu
+
+    from reskip.backbones.loading import resolve
+
+    spec = iu.spec_from_file_location("lm_eval_export", Path(__file__).resolve().parents[1] / "benchmarks" / "lm_eval_export.py")
+    bench = iu.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    tasks = bench.write_task(tmp_path / "tasks")
+    assert "correct_answer" in (tasks / "mmlu.jsonl").read_text().splitlines()[0]
+    r = bench.evaluate(str(resolve(None)[1]), tasks, 4, "float32", 4, "cpu")
+    assert r["n"] == 4 and 0 <= r["acc"] <= 1 and 0 <= r["acc_norm"] <= 1
