@@ -273,6 +273,9 @@ def test_the_variants_a_run_includes():
     from reskip.errors import ReskipError
     from reskip.experiments.baselines import _variants
 
+    from reskip.experiments.baselines import arm_name
+
+    assert arm_name("lora", 0.002) == "lora@0.002" and arm_name("lora", 0.0020000001) != arm_name("lora", 0.002)
     assert _variants(None) == () and _variants([]) == ("side+lora", "full-teacher", "backbone-teacher")
     assert _variants(["full-teacher"]) == ("full-teacher",)
     with pytest.raises(ReskipError, match="no variant 'x'"):

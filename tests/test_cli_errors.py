@@ -138,6 +138,7 @@ BAD = [
     (["compress", "--out", "{tmp}/c", "--model", MISSING], "cannot find model"),
     (["compress"], "--out"),
     (["eval"], "name the run"),
+    (["eval", "{run}", "--methods", "--out", "{tmp}/e"], "names no method"),
     (["eval", "{run}", "--adapter", MISSING], "name two runs"),
     (["eval", "{run}", "--methods", "healed:" + MISSING, "--out", "{tmp}/e"], "not a finished baseline run"),
     (["eval", "{run}", "--methods", "export:" + MISSING, "--out", "{tmp}/e"], "reskip.json"),
@@ -371,3 +372,28 @@ def test_an_error_quoting_a_huge_value_prints_a_bounded_line(tmp_path, capsys):
     assert main(["train", "--config", str(config), "--out", str(tmp_path / "t")]) == 2
     err = capsys.readouterr().err
     assert len(err) < 1200 and "more characters" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("kind", ["json", "jsonl", "yaml", "json-shallow-wide"])
+def test_readers_refuse_files_nested_beyond_any_reskip_file(tmp_path, kind):
+    """A policy.json, a log line or a config nested 100,000 deep is one clear error, not a RecursionError; a deep
+    but legal nesting the decoder survives (70 levels) is refused by the same bound."""
+    from reskip.reading import MAX_DEPTH, read_json, read_jsonl, read_yaml
+    from reskip.train_config import load_yaml
+
+    deep = "[" * 100_000 + "]" * 100_000
+    path = tmp_path / f"f.{kind}"
+    if kind == "json":
+        path.write_text(deep)
+        reader = read_json
+    elif kind == "jsonl":
+        path.write_text('{"kind": "train"}\n' + deep + "\n" + '{"kind": "train"}\n')
+        reader = read_jsonl
+    elif kind == "yaml":
+        path.write_text("a: " + "[" * 5_000 + "]" * 5_000 + "\n")
+        reader = lambda p: read_yaml(p, load_yaml)  # noqa: E731
+    else:
+        path.write_text("[" * (MAX_DEPTH + 6) + "]" * (MAX_DEPTH + 6))
+        reader = read_json
+    with pytest.raises(ReskipError, match=f"nests more than {MAX_DEPTH} levels"):
+        reader(path)

@@ -25,11 +25,39 @@ def read_text(path: Path) -> str:
         raise ReskipError(f"cannot read {path} ({e.strerror or e})") from None
 
 
+MAX_DEPTH = 64  # nesting levels any file reskip reads may hold (its own files hold fewer than ten)
+
+
+def _too_deep(path: Path, where: str = "") -> ReskipError:
+    return ReskipError(f"{path}{where} nests more than {MAX_DEPTH} levels deep: it is not a file reskip wrote; "
+                       "restore or remove it")
+
+
+def _depth_checked(value, path: Path, where: str = ""):
+    """`value` if its containers nest at most MAX_DEPTH deep (checked without recursion), else one error."""
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, (dict, list)):
+            if depth > MAX_DEPTH:
+                raise _too_deep(path, where)
+            stack.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return value
+
+
+def _loads(text: str, path: Path, where: str = ""):
+    """json.loads, with a nesting so deep that the decoder recurses out refused in one line."""
+    try:
+        return _depth_checked(json.loads(text), path, where)
+    except RecursionError:
+        raise _too_deep(path, where) from None
+
+
 def read_json(path: Path):
-    """A JSON file; a truncated or corrupt one is refused with the advice to rewrite it."""
+    """A JSON file; a truncated, corrupt or absurdly nested one is refused with the advice to rewrite it."""
     text = read_text(path)
     try:
-        return json.loads(text)
+        return _loads(text, path)
     except json.JSONDecodeError as e:
         raise ReskipError(f"{path} is not valid JSON ({e}): it may be truncated; rerun the command that wrote it") from None
 
@@ -41,7 +69,7 @@ def read_jsonl(path: Path) -> list:
     out = []
     for k, (n, line) in enumerate(lines):
         try:
-            out.append(json.loads(line))
+            out.append(_loads(line, path, f":{n}"))
         except json.JSONDecodeError as e:
             if k == len(lines) - 1:
                 break
@@ -53,7 +81,9 @@ def read_yaml(path: Path, load):
     """A YAML file through `load` (a str -> value reader), its error one line naming the file and the line."""
     text = read_text(path)
     try:
-        return load(text)
+        return _depth_checked(load(text), path)
+    except RecursionError:
+        raise _too_deep(path) from None
     except Exception as e:  # yaml.YAMLError and its subclasses; yaml is not imported here (no dependency)
         if type(e).__module__.split(".")[0] != "yaml":
             raise

@@ -52,11 +52,13 @@ def read_arm(run_dir: Path) -> tuple[TrainConfig, LoraArm]:
     return TrainConfig.from_dict(data["train"]), LoraArm(**data["lora"])
 
 
-def load_arm_model(run_dir: Path, dtype: str | None = None, device: str = "auto"):
+def load_arm_model(run_dir: Path, dtype: str | None = None, device: str = "auto", trust_remote_code: bool = False):
     """A trained baseline run as (model with its LoRA, tokenizer) on `device`: the backbone loaded, pruned as
-    recorded and the PEFT adapter applied."""
+    recorded and the PEFT adapter applied. The model's own Python code runs only with the caller's
+    `trust_remote_code` (the user's flag), never because the arm's config.yaml says so: an arm someone shared runs
+    no code on the machine that opens it."""
     cfg, arm = read_arm(run_dir)
-    base, tokenizer = load_backbone(cfg.model, dtype or cfg.dtype, cfg.trust_remote_code, device)
+    base, tokenizer = load_backbone(cfg.model, dtype or cfg.dtype, trust_remote_code, device)
     if arm.drop_layers:
         prune(base, set(arm.drop_layers))
     model = PeftModel.from_pretrained(base, RunFolder(run_dir).adapter, autocast_adapter_dtype=True)

@@ -35,12 +35,12 @@ def check_out(run_dir: Path, out: Path) -> None:
                           "nothing was touched")
 
 
-def export_run(run_dir: Path, out: Path, dtype: str = "float32") -> Path:
+def export_run(run_dir: Path, out: Path, dtype: str = "float32", trust_remote_code: bool = False) -> Path:
     """Write the run's merged model, its tokenizer and its record to `out` (a folder written whole or not at all;
     an earlier export there is replaced, anything else refused: `check_out`)."""
     cfg, arm = read_arm(run_dir)  # not a baseline run: one clear error before the model loads
     check_out(run_dir, out)
-    model, tokenizer = load_arm_model(run_dir, dtype)
+    model, tokenizer = load_arm_model(run_dir, dtype, trust_remote_code=trust_remote_code)
     n_layers = model.get_base_model().config.num_hidden_layers + len(arm.drop_layers)
     merged = model.merge_and_unload()
     # a GGUF-loaded backbone keeps its quantizer's record; the merged weights are plain tensors

@@ -12,3 +12,5 @@ class ExportOptions:
     out: str | None = described(None, "the folder to write: new, empty, or an earlier export (replaced whole); any "
                                       "other folder is refused untouched", required=True)
     dtype: str = described("float32", "the exported weights' dtype", choices=("float32", "bfloat16"))
+    trust_remote_code: bool = described(False, "allow the backbone's own Python code to run (never taken from the "
+                                               "arm's config.yaml)")

@@ -163,7 +163,7 @@ def compress(o: CompressOptions, show=print) -> Path:
         summary = train_lora(p.cfg, arm, out / HEAL, show_progress=not o.quiet)
         if not (out / MODEL / RECORD).is_file():
             show(f"[compress] 3/4 export: {out / MODEL}")
-            export_run(out / HEAL, out / MODEL)
+            export_run(out / HEAL, out / MODEL, trust_remote_code=o.trust_remote_code)
         show("[compress] 4/4 measure: the compressed model beside the original")
         report = {"command": command_line(o), "settings": p.identity, "blocks": {"A": costs.to_dict()["A"],
                   "removed": blocks, "layers_removed": layers, "layers": sum(len(b) for b in costs.blocks)},

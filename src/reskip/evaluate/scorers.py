@@ -89,7 +89,7 @@ def open_arm(spec: Spec, ctx: ScorerContext) -> ModelScorer:
     if (cfg.model or None) != (ctx.model or None):
         raise ReskipError(f"{spec.text}: the arm was trained on the backbone {cfg.model or 'default'!r}, the "
                           f"evaluation's is {ctx.model or 'default'!r}: compare methods of one backbone")
-    model, _ = load_arm_model(Path(spec.run), ctx.dtype, ctx.device)
+    model, _ = load_arm_model(Path(spec.run), ctx.dtype, ctx.device, ctx.trust_remote_code)
     return ModelScorer(model, list(arm.drop_layers), list(arm.drop_blocks), sum(len(b) for b in ctx.blocks))
 
 

@@ -39,6 +39,8 @@ from .tables import markdown
 
 def check_options(o: EvalOptions) -> None:
     check_fields(o)
+    if not o.methods:
+        raise ReskipError("--methods names no method: give at least one (e.g. backbone retrofit budgets matched)")
     resolve_dtype_name(o.dtype)  # an unknown name fails here
 
 

@@ -156,7 +156,9 @@ def run(options: ExperimentOptions, folder: Path, show=print) -> dict | None:
 
 
 def arm_name(method: str, lr: float) -> str:
-    return f"{method}@{lr:g}"
+    """`method@lr`, the rate written as the shortest text that reads back as the same number (0.002, 0.0020001):
+    two rates never share a folder."""
+    return f"{method}@{float(lr)!r}"
 
 
 def arm_slug(name: str) -> str:
