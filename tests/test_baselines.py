@@ -321,3 +321,26 @@ def test_eval_scores_trained_methods_beside_the_run_against_the_same_references(
     assert main(["eval", "--adapter", str(run), "--methods", f"healed:{tmp_path / 'lora'}", "--out",
                  str(tmp_path / "no")]) == 2
     assert "removes no layer: score it as lora:" in capsys.readouterr().err
+
+
+def test_block_costs_read_the_ablation_as_perplexity_kl_and_influence():
+    """One pass per block gives A(n), KL(backbone || block n removed) and cos(in, out); each ranks the middle
+    blocks its own way, and a block whose removal costs nothing reads A = 1, KL = 0."""
+    from reskip.baselines.pruning import BlockCosts, backbone_block_costs
+    from reskip.data.packing import Packed
+
+    model = tiny_model("llama", init_std=0.2)
+    ids = torch.randint(3, 90, (4, 16), generator=torch.Generator().manual_seed(2))
+    costs = backbone_block_costs(model, Packed(ids, ids.clone(), ["x"] * 4), block_size=1)
+    assert set(costs.kl) == set(costs.A) and all(v > 0 for v in costs.kl.values())
+    middle = costs.middle()
+    assert costs.cheapest(1, "kl") == [min(middle, key=costs.kl.get)]
+    assert costs.cheapest(1, "influence") == costs.most_similar(1)
+    assert BlockCosts.from_dict(costs.to_dict()) == costs
+    with torch.no_grad():  # a layer whose output projections are zero is the identity: removing it costs nothing
+        layer = compat.decoder_layers(model)[3]
+        layer.self_attn.o_proj.weight.zero_()
+        layer.mlp.down_proj.weight.zero_()
+    costs = backbone_block_costs(model, Packed(ids, ids.clone(), ["x"] * 4), block_size=1)
+    assert costs.A[4] == pytest.approx(1.0, abs=1e-6) and costs.kl[4] == pytest.approx(0.0, abs=1e-6)
+    assert costs.cheapest(1, "kl") == [4]  # KL is never below 0; A may be below 1 on a random model

@@ -22,22 +22,33 @@ from ..errors import ReskipError
 from ..calibrate.calibration import measure_blocks
 
 
+RANKINGS = ("ppl", "kl", "influence")  # how the cheapest blocks are chosen (`BlockCosts.cheapest`)
+
+
 @dataclass
 class BlockCosts:
-    """The backbone's blocks (layer indices per block) and, per block n (1-based), A(n) and cos(x_n, h_n)."""
+    """The backbone's blocks (layer indices per block) and, per block n (1-based), A(n) (perplexity with block n
+    removed / without), the same ablation read as KL(backbone || block n removed) per position, and cos(x_n, h_n)
+    (ShortGPT's block influence is 1 - cos; the angular distance of the block's input and output, arccos(cos) / pi,
+    ranks the blocks the same way)."""
 
     blocks: list[list[int]]
     A: dict[int, float]
     cos_in_out: dict[int, float]
+    kl: dict[int, float] | None = None
 
     def middle(self) -> list[int]:
         """The blocks static pruning may drop: every block but the first and the last (the retrofit's skip branch
         draws from the same set)."""
         return list(range(2, len(self.blocks)))
 
-    def cheapest(self, k: int) -> list[int]:
-        """The k middle blocks of lowest A(n), sorted."""
-        ranked = sorted(self.middle(), key=lambda n: self.A[n])
+    def cheapest(self, k: int, by: str = "ppl") -> list[int]:
+        """The k middle blocks cheapest to remove, sorted: by A(n) (`ppl`), by KL to the backbone (`kl`), or by
+        ShortGPT's block influence (`influence`: the output most like the input)."""
+        if by == "kl" and self.kl is None:
+            raise ReskipError("these block costs were measured without KL: measure them again")
+        key = {"ppl": lambda n: self.A[n], "kl": lambda n: self.kl[n], "influence": lambda n: -self.cos_in_out[n]}[by]
+        ranked = sorted(self.middle(), key=key)
         if k > len(ranked):
             raise ReskipError(f"cannot drop {k} blocks: the model has {len(ranked)} middle blocks")
         return sorted(ranked[:k])
@@ -50,12 +61,15 @@ class BlockCosts:
         return {layer for n in blocks for layer in self.blocks[n - 1]}
 
     def to_dict(self) -> dict:
-        return {"blocks": self.blocks, "A": {str(n): a for n, a in self.A.items()},
-                "cos_in_out": {str(n): c for n, c in self.cos_in_out.items()}}
+        out = {"blocks": self.blocks, "A": {str(n): a for n, a in self.A.items()},
+               "cos_in_out": {str(n): c for n, c in self.cos_in_out.items()}}
+        return out if self.kl is None else {**out, "kl": {str(n): v for n, v in self.kl.items()}}
 
     @classmethod
     def from_dict(cls, d: dict) -> "BlockCosts":
-        return cls(d["blocks"], {int(k): v for k, v in d["A"].items()}, {int(k): v for k, v in d["cos_in_out"].items()})
+        kl = {int(k): v for k, v in d["kl"].items()} if "kl" in d else None
+        return cls(d["blocks"], {int(k): v for k, v in d["A"].items()}, {int(k): v for k, v in d["cos_in_out"].items()},
+                   kl)
 
 
 def backbone_block_costs(model: nn.Module, data: Packed, block_size: int, boundaries: list[int] | None = None,
@@ -72,7 +86,8 @@ def backbone_block_costs(model: nn.Module, data: Packed, block_size: int, bounda
     blocks = [list(b) for b in retrofit_blocks(n_layers, block_size, boundaries)]
     a = {n: math.exp((m.ce_skip[n] - m.ce_full) / m.n_targets) for n in range(1, len(blocks) + 1)}
     cos = {n: m.cos_sum[n] / m.positions for n in range(1, len(blocks) + 1)}
-    return BlockCosts(blocks, a, cos)
+    kl = {n: m.kl_skip[n] / m.positions for n in range(1, len(blocks) + 1)}
+    return BlockCosts(blocks, a, cos, kl)
 
 
 def prune(model: nn.Module, layers: set[int]) -> nn.Module:

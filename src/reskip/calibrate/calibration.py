@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from ..backbones.devices import model_device
 from ..data.packing import Packed
-from ..losses import ce_sum
+from ..losses import ce_sum, kl_sum, teacher_targets
 from ..ar_retrofit.adapter_io import fingerprint
 from ..ar_retrofit.blocks import inclusive_ranges
 from ..ar_retrofit.model import ReskipModel
@@ -69,8 +69,8 @@ def calibrate(model: ReskipModel, data: Packed, delta: float = 0.2, quantile: fl
 @dataclass
 class BlockSums:
     """Sums over the calibration data: the full model's CE and each block's skipped CE (over n_targets labelled
-    targets), E[alpha_{i->n}] numerators and cos(x_n, h_n) sums (over `positions`), w_recent(n) and
-    alpha_{n-1->n} per token."""
+    targets), E[alpha_{i->n}] numerators, cos(x_n, h_n) sums and KL(full || block n skipped) sums (over
+    `positions`), w_recent(n) and alpha_{n-1->n} per token."""
 
     ce_full: float
     n_targets: int
@@ -80,6 +80,7 @@ class BlockSums:
     cos_sum: dict
     w_values: dict
     prev_values: dict
+    kl_skip: dict = field(default_factory=dict)
 
 
 @torch.no_grad()
@@ -96,6 +97,7 @@ def measure_blocks(model: ReskipModel, data: Packed, window: int, batch_size: in
             full = model(input_ids=ids, use_cache=False, output_alphas=True)
             cap = captured()
         m.ce_full += ce_sum(full.logits, labels).item()
+        reference = teacher_targets(full.logits)  # p of the full model, once per batch, for every block's KL
         m.n_targets += int((labels[:, 1:] != -100).sum())
         m.positions += ids.numel()
         for n, alpha in full.alphas.items():  # (B, T, n)
@@ -106,7 +108,10 @@ def measure_blocks(model: ReskipModel, data: Packed, window: int, batch_size: in
             x, h = cap.inputs[k].float(), cap.states[k].float()
             m.cos_sum[k] += F.cosine_similarity(x, h, dim=-1).sum().item()
             with model.replaying(cap, k):
-                m.ce_skip[k] += ce_sum(model(input_ids=ids, use_cache=False).logits, labels).item()
+                z = model(input_ids=ids, use_cache=False).logits  # (B, T, V), block k as identity
+            m.ce_skip[k] += ce_sum(z, labels).item()
+            m.kl_skip[k] = m.kl_skip.get(k, 0.0) + kl_sum(reference, z).item()
+            del z
         if progress is not None:
             progress(min(i + batch_size, len(data)), len(data))
     model.train(was_training)

@@ -23,6 +23,10 @@ class CompressOptions(BackboneOptions):
     keep_flops: float | None = described(None, "instead of --drop: the share of layer FLOPs to keep at most (e.g. "
                                                "0.8): the fewest blocks removed that reach it", low=0.05, high=0.999)
     block_size: int = described(4, "layers per block (the unit removed)", low=1)
+    choose: str = described("ppl", "how the cheapest blocks are ranked on the calibration split: ppl (the ablation "
+                                   "cost A(n): perplexity with the block removed / without), kl (the same ablation "
+                                   "read as KL to the model) or influence (ShortGPT: the block whose output is most "
+                                   "like its input)", choices=("ppl", "kl", "influence"))
     data: list[str] = described(default_factory=lambda: ["default"],
                                 help="the text healing distils on (distillation needs no labels; default: the "
                                      "bundled mix); its test split and --heldout are where the report measures")

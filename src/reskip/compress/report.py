@@ -8,14 +8,30 @@ def _f(x, fmt: str) -> str:
     return "-" if x is None else format(x, fmt)
 
 
+RANKED = {"ppl": "the model's own ablation cost A(n)", "kl": "the ablation's KL to the model",
+          "influence": "ShortGPT's block influence"}
+
+
+def _blocks_table(b: dict) -> list[str]:
+    """Each block's costs of removal as measured (what the ranking read)."""
+    kl = b.get("kl") or {}
+    rows = ["| block | layers | A(n) | KL to the model | cos(input, output) | removed |", "| --- | --- | --- | --- | --- | --- |"]
+    for n, layers in enumerate(b["blocks"], start=1):
+        k = str(n)
+        rows.append(f"| {n} | {layers[0]}-{layers[-1]} | {b['A'][k]:.3f} | {_f(kl.get(k), '.3f')} | "
+                    f"{b['cos_in_out'][k]:.4f} | {'yes' if n in b['removed'] else ''} |")
+    return ["", *rows]
+
+
 def markdown(r: dict) -> str:
     b, h, m = r["blocks"], r["healing"], r["measured"]
     kept = b["layers"] - len(b["layers_removed"])
     lines = [f"# {r['settings']['model'] or 'SmolLM2-135M-Instruct'}: {b['layers']} -> {kept} layers", "",
-             f"Blocks {b['removed']} removed (layers {', '.join(map(str, b['layers_removed']))}), the cheapest by the "
-             f"model's own ablation cost A(n) on the calibration split; the rest healed by a LoRA of "
+             f"Blocks {b['removed']} removed (layers {', '.join(map(str, b['layers_removed']))}), the cheapest by "
+             f"{RANKED[b.get('chosen_by', 'ppl')]} on the calibration split; the rest healed by a LoRA of "
              f"{h['parameters']:,} parameters trained by `{h['objective']}` on {h['tokens']:,} tokens "
              f"({h['train_wall_s'] / 60:.1f} min), merged into a plain Hugging Face folder (`model/`).", "",
+             *_blocks_table(b), "",
              "## Fidelity to the original, perplexity beside it", "",
              "KL(original || compressed) per position and top-1 agreement with the original: how close the "
              "compressed model's next-token distribution stays to the model you deploy. Perplexity below the "

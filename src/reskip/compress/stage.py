@@ -78,7 +78,7 @@ def plan(o: CompressOptions) -> Plan:
     cfg = pc.train_config()
     cfg.validate()
     params = o.params or count_params(config, cfg.retrofit_config()).new_params
-    identity = {"model": o.model, "data": list(o.data), "block_size": o.block_size, "drop": o.drop,
+    identity = {"model": o.model, "data": list(o.data), "block_size": o.block_size, "choose": o.choose, "drop": o.drop,
                 "keep_flops": o.keep_flops, "objective": o.objective, "preset": o.preset, "lr": o.lr,
                 "params": params, "dtype": resolve_dtype_name(o.dtype, resolve_device(o.device))}
     return Plan(cfg, blocks, params, identity)
@@ -106,7 +106,9 @@ def check_folder(out: Path, identity: dict) -> None:
 def block_costs(o: CompressOptions, p: Plan, out: Path, show) -> BlockCosts:
     path = out / BLOCKS
     if path.is_file():
-        return BlockCosts.from_dict(read_json(path))
+        costs = BlockCosts.from_dict(read_json(path))
+        if costs.kl is not None or o.choose != "kl":
+            return costs
     splits, _ = load_splits(list(o.data))
     model, tok = load_backbone(o.model, p.cfg.dtype, o.trust_remote_code, o.device)
     n = PRESETS[o.preset]["calibrate"]["sequences"]
@@ -120,10 +122,10 @@ def block_costs(o: CompressOptions, p: Plan, out: Path, show) -> BlockCosts:
 def chosen_blocks(o: CompressOptions, costs: BlockCosts) -> list[int]:
     """The `drop` cheapest middle blocks, or the fewest whose removal keeps at most `keep_flops` of the layers."""
     if o.keep_flops is None:
-        return costs.cheapest(o.drop or 1)
+        return costs.cheapest(o.drop or 1, o.choose)
     n_layers = sum(len(b) for b in costs.blocks)
     for k in range(1, len(costs.middle()) + 1):
-        blocks = costs.cheapest(k)
+        blocks = costs.cheapest(k, o.choose)
         if 1 - len(costs.layers_of(blocks)) / n_layers <= o.keep_flops:
             return blocks
     raise ReskipError(f"--keep-flops {o.keep_flops}: removing every middle block keeps more than that")
@@ -165,8 +167,9 @@ def compress(o: CompressOptions, show=print) -> Path:
             show(f"[compress] 3/4 export: {out / MODEL}")
             export_run(out / HEAL, out / MODEL, trust_remote_code=o.trust_remote_code)
         show("[compress] 4/4 measure: the compressed model beside the original")
-        report = {"command": command_line(o), "settings": p.identity, "blocks": {"A": costs.to_dict()["A"],
-                  "removed": blocks, "layers_removed": layers, "layers": sum(len(b) for b in costs.blocks)},
+        report = {"command": command_line(o), "settings": p.identity,
+                  "blocks": {**costs.to_dict(), "chosen_by": o.choose, "removed": blocks, "layers_removed": layers,
+                             "layers": sum(len(b) for b in costs.blocks)},
                   "healing": {"objective": o.objective, "parameters": summary["lora"]["parameters"],
                               "tokens": summary["tokens_seen"], "train_wall_s": summary["train_wall_s"],
                               "val_kl": summary.get("kl_full"), "val_ppl": summary["ppl_full"],
