@@ -218,7 +218,7 @@ def test_baselines_experiment_trains_every_method_at_every_lr_and_reads_them_aga
     assert cfg.retrofit["rank"] == 4 and cfg.retrofit["shortcut_rank"] == 4 and cfg.retrofit["inner_lora"] > 0
     assert TrainConfig.from_file(folder / "arms" / "full-teacher@0.01" / "config.yaml").skip_teacher == "full"
     assert {"side+lora / retrofit", "full-teacher / static:1"} <= set(r["rows"])
-    assert "side+lora / retrofit - lora (kjv)" in r["intervals"] and len(r["claims"]) == 26
+    assert "side+lora / retrofit - lora (kjv)" in r["intervals"] and len(r["claims"]) == 32  # 6 more per variant
     assert "full-teacher / reskip:budget=1" in r["verdict"]
 
     # where a run computes is not what it trains: asked on another device, every finished arm is read back

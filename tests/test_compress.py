@@ -37,6 +37,7 @@ def test_compress_removes_heals_exports_and_measures_then_resumes(tiny, capsys):
     a = report["blocks"]["A"]
     assert removed == min((n for n in a if 1 < int(n) < 6), key=lambda n: a[n]) or str(removed) == min(
         (n for n in a if 1 < int(n) < 6), key=lambda n: a[n])  # the cheapest middle block by the model's own A(n)
+    assert report["blocks"]["chosen_by"] == "ppl" and set(report["blocks"]["kl"]) == set(a)
     assert report["healing"]["objective"] == "kd" and report["healing"]["val_kl"]["end"] < report["healing"]["val_kl"]["start"]
     for name in ("test", str(tiny[3])):
         s = report["measured"]["splits"][name]
@@ -68,6 +69,12 @@ def test_compress_removes_heals_exports_and_measures_then_resumes(tiny, capsys):
     capsys.readouterr()
     assert main(_args(tiny, out, "--objective", "ce")) == 2
     assert "holds a compression of other settings (objective differ)" in capsys.readouterr().err
+
+    # blocks ranked by the ablation's KL instead: the block of least KL goes
+    kl = report["blocks"]["kl"]
+    assert main(_args(tiny, tmp / "by-kl", "--choose", "kl", "--no-speed", "--mc-limit", "0")) == 0
+    by_kl = json.loads((tmp / "by-kl" / "report.json").read_text())["blocks"]
+    assert by_kl["removed"] == [int(min((n for n in kl if 1 < int(n) < 6), key=kl.get))]
 
 
 @pytest.mark.parametrize("extra, message", [
