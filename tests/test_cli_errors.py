@@ -397,3 +397,18 @@ def test_readers_refuse_files_nested_beyond_any_reskip_file(tmp_path, kind):
         reader = read_json
     with pytest.raises(ReskipError, match=f"nests more than {MAX_DEPTH} levels"):
         reader(path)
+
+
+def test_the_run_lock_never_writes_through_a_link(tmp_path):
+    """A `.lock` that is a symlink to a file elsewhere is refused in one line; the file it points to is untouched."""
+    from reskip.run_lock import writing
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / ".lock").symlink_to(victim)
+    with pytest.raises(ReskipError, match="is a link"):
+        with writing(run):
+            pass
+    assert victim.read_text() == "precious"

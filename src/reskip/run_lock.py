@@ -18,6 +18,19 @@ LOCK_NAME = ".lock"
 _held: dict[Path, list] = {}  # resolved run folder -> [open lock file, depth]
 
 
+def _open_lock(path: Path):
+    """The lock file, opened without following a link: a `.lock` that is a symlink (a shared run planted one) would
+    otherwise have reskip write into whatever file it points to."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+    except OSError as e:
+        if path.is_symlink():
+            raise ReskipError(f"{path} is a link: a run folder's own files are never links; remove it (reskip does not "
+                              "write through it)") from None
+        raise
+    return os.fdopen(fd, "r+")  # held open for the body's length
+
+
 @contextlib.contextmanager
 def writing(root: Path):
     """Hold `root`'s lock while the body writes into it (the folder is created if needed)."""
@@ -34,7 +47,7 @@ def writing(root: Path):
         return
     created = [p for p in (root, *root.parents) if not p.exists()]  # what taking the lock makes
     root.mkdir(parents=True, exist_ok=True)
-    f = open(root / LOCK_NAME, "a+")  # noqa: SIM115 - held open for the body's length
+    f = _open_lock(root / LOCK_NAME)
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
