@@ -23,7 +23,7 @@ def _open_lock(path: Path):
     otherwise have reskip write into whatever file it points to."""
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
-    except OSError as e:
+    except OSError:
         if path.is_symlink():
             raise ReskipError(f"{path} is a link: a run folder's own files are never links; remove it (reskip does not "
                               "write through it)") from None
