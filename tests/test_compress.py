@@ -51,6 +51,8 @@ def test_compress_removes_heals_exports_and_measures_then_resumes(tiny, capsys):
     md = (out / "report.md").read_text()
     assert "6 -> 5 layers" in md and "KL to the original" in md and "reskip compress" in md
 
+    _opened_in_chromium(out / "report.html", tmp)
+
     # the folder loads with transformers alone, and is what the report measured
     model = AutoModelForCausalLM.from_pretrained(out / "model", dtype=torch.float32)
     assert model.config.num_hidden_layers == 5
@@ -106,3 +108,22 @@ class _nothing:
 
     def __exit__(self, *exc):
         return False
+
+
+def _opened_in_chromium(page, tmp):
+    """The HTML report as a person opens it: headless Chromium renders it, its tables hold the measured rows, and no
+    console error is printed."""
+    import re
+    import subprocess
+
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    if exe is None:
+        pytest.fail("chromium is missing: the README's test command installs Debian's chromium package")
+    base = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            f"--user-data-dir={tmp / 'profile'}", "--enable-logging=stderr", "--v=0"]
+    dom = subprocess.run(base + ["--dump-dom", page.resolve().as_uri()], capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert "data-status=\"rendered\"" in re.search(r"<body[^>]*>", dom.stdout).group(0)
+    assert dom.stdout.count("<table>") >= 3 and "KL to the original" in dom.stdout and "6 -&gt; 5 layers" in dom.stdout
+    assert not [line for line in dom.stderr.splitlines() if "Uncaught" in line]

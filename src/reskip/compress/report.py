@@ -1,7 +1,16 @@
-"""report.json -> report.md: what `reskip compress` made and how close it is to the original (reads the report
-only)."""
+"""report.json -> report.md and report.html: what `reskip compress` made and how close it is to the original (reads
+the report only). The page is self-contained (no script or file it loads) and says it rendered (`data-status`)."""
 
 from __future__ import annotations
+
+import html
+import re
+
+from ..report.tables import markdown_table
+
+STYLE = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;line-height:1.45}"
+         "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.25em .6em;text-align:right}"
+         "th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}code{background:#f3f3f3;padding:0 .2em}")
 
 
 def _f(x, fmt: str) -> str:
@@ -66,3 +75,40 @@ def markdown(r: dict) -> str:
                   f"perplexity {h['val_ppl']['start']:.3f} -> {h['val_ppl']['end']:.3f} (original {h['val_ppl_original']:.3f}).",
               "", "Load it anywhere: `AutoModelForCausalLM.from_pretrained(\"model\")`. Reproduce: `" + r["command"] + "`."]
     return "\n".join(lines) + "\n"
+
+
+def html_page(md: str) -> str:
+    """report.md as one HTML page: headings, tables and paragraphs, every text escaped (`code` kept as code)."""
+    parts, table, para = [], [], []
+
+    def inline(text: str) -> str:
+        return re.sub(r"`([^`]*)`", r"<code>\1</code>", html.escape(text))
+
+    def flush() -> None:
+        if table:
+            parts.append(markdown_table(table))
+            table.clear()
+        if para:
+            parts.append(f"<p>{inline(' '.join(para))}</p>")
+            para.clear()
+
+    for line in md.splitlines():
+        if line.startswith("|"):
+            if para:
+                flush()
+            table.append(line)
+            continue
+        if table:
+            flush()
+        if line.startswith("#"):
+            flush()
+            level = len(line) - len(line.lstrip("#"))
+            parts.append(f"<h{level}>{inline(line.lstrip('#').strip())}</h{level}>")
+        elif line.strip():
+            para.append(line.strip())
+        else:
+            flush()
+    flush()
+    title = html.escape(md.splitlines()[0].lstrip("# ")) if md else "reskip compress"
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title><style>{STYLE}</style></head>"
+            f"<body data-status='rendered'>{''.join(parts)}</body></html>\n")

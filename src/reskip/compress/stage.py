@@ -39,11 +39,11 @@ from ..stage_options import PRESETS
 from ..train_config import TrainConfig
 from .measure import measure
 from .options import CompressOptions
-from .report import markdown
+from .report import html_page, markdown
 from .speed import compare_speed
 
-SETTINGS, BLOCKS, HEAL, MODEL, REPORT_JSON, REPORT_MD = ("compress.json", "blocks.json", "heal", "model",
-                                                         "report.json", "report.md")
+SETTINGS, BLOCKS, HEAL, MODEL, REPORT_JSON, REPORT_MD, REPORT_HTML = (
+    "compress.json", "blocks.json", "heal", "model", "report.json", "report.md", "report.html")
 
 
 @dataclasses.dataclass
@@ -179,6 +179,7 @@ def compress(o: CompressOptions, show=print) -> Path:
             report["speed"] = _speed(o, out / MODEL, show)
         atomic_write_json(out / REPORT_JSON, report)
         atomic_write_text(out / REPORT_MD, markdown(report))
+        atomic_write_text(out / REPORT_HTML, html_page(markdown(report)))
     return out / REPORT_JSON
 
 
