@@ -63,10 +63,12 @@ class RetrofitConfig:
     router_init_std: float = described(0.02, "std of the router query w_n at init")
     skip_path: str = described("identity", "what replaces a skipped block n in 2..N-1: identity (h_n = x_n, the "
                                            "source design's) or shortcut (h_n = x_n + S_n(x_n), low rank, zero at "
-                                           "init; the training recipe's); the skipped layers' K/V still come from x_n")
+                                           "init; the training recipe's); the skipped layers' K/V still come from x_n",
+                               choices=("identity", "shortcut"))
     shortcut_rank: int | None = described(None, "rank of S_n (null: the correction's rank)")
     variant: str = described("recipe", "how r_n enters block n: recipe, or one of the source design's rejected "
-                                       "designs (observer, interpolate, gamma_free; `reskip experiment variants`)")
+                                       "designs (observer, interpolate, gamma_free; `reskip experiment variants`)",
+                             choices=VARIANTS)
     inner_lora: int = described(0, "trainable parameters of a LoRA inside the frozen blocks (every linear projection "
                                    "of the decoder layers, ranks dealt evenly), trained with the side-channel; 0: none")
 

@@ -7,10 +7,11 @@ Nothing here imports torch: `reskip --help` and `reskip report` must stay light.
 from __future__ import annotations
 
 import argparse
+import typing
 import dataclasses
 
 from ..errors import ReskipError
-from ..ar_retrofit.config import VARIANTS, RetrofitConfig
+from ..ar_retrofit.config import RetrofitConfig
 from ..config_fields import flag_of, help_of
 from ..stage_options import DTYPE_HELP, DTYPE_NAMES
 from ..train_config import RECIPE_RETROFIT, TrainConfig
@@ -86,22 +87,29 @@ def training_values(args, names=TRAINING_FLAGS) -> dict:
     return {k: getattr(args, k) for k in names if getattr(args, k) is not None}
 
 
+# The retrofit's flags: these fields of RetrofitConfig, each flag built from its field (type, choices, help); a field
+# given on the command line as text that is not its type reads through its converter.
+RETROFIT_FLAGS = ("block_size", "boundaries", "rank", "skip_path", "shortcut_rank", "variant", "inner_lora")
+RETROFIT_TEXT = {"boundaries": ("; as 4,8,12 (overrides --block-size)", lambda text: parse_boundaries(text))}
+
+
 def retrofit_flags(p: argparse.ArgumentParser) -> None:
-    """The retrofit's flags, each with RetrofitConfig's own help text."""
+    """The retrofit's flags, each from its RetrofitConfig field: its type, its choices, its help text, and the
+    default training builds (the recipe's) stated."""
     recipe = {**dataclasses.asdict(RetrofitConfig()), **RECIPE_RETROFIT}  # what training builds by default
-
-    def text(name: str, extra: str = "") -> str:
-        value = recipe[name]
+    hints = typing.get_type_hints(RetrofitConfig)
+    for f in dataclasses.fields(RetrofitConfig):
+        if f.name not in RETROFIT_FLAGS:
+            continue
+        value = recipe[f.name]
         shown = "none" if value is None else ",".join(map(str, value)) if isinstance(value, list) else value
-        return f"{help_of(RetrofitConfig, name)}{extra} (default: {shown})".replace("%", "%%")
-
-    p.add_argument("--block-size", type=int, default=None, help=text("block_size"))
-    p.add_argument("--boundaries", default=None, help=text("boundaries", "; as 4,8,12 (overrides --block-size)"))
-    p.add_argument("--rank", type=int, default=None, help=text("rank"))
-    p.add_argument("--skip-path", choices=("identity", "shortcut"), default=None, help=text("skip_path"))
-    p.add_argument("--shortcut-rank", type=int, default=None, help=text("shortcut_rank"))
-    p.add_argument("--variant", choices=VARIANTS, default=None, help=text("variant"))
-    p.add_argument("--inner-lora", type=int, default=None, help=text("inner_lora"))
+        extra = RETROFIT_TEXT.get(f.name, ("", None))[0]
+        kwargs = {"default": None, "help": f"{help_of(RetrofitConfig, f.name)}{extra} (default: {shown})".replace("%", "%%")}
+        if f.name not in RETROFIT_TEXT and int in (hints[f.name], *typing.get_args(hints[f.name])):
+            kwargs["type"] = int
+        if "choices" in f.metadata:
+            kwargs["choices"] = f.metadata["choices"]
+        p.add_argument(flag_of(f.name), **kwargs)
 
 
 def adapter_flag(p: argparse.ArgumentParser) -> None:
@@ -135,10 +143,13 @@ def parse_boundaries(text: str | None) -> list[int] | None:
 
 def retrofit_values(args) -> dict:
     """The retrofit flags that were given, as RetrofitConfig keys."""
-    values = {"block_size": args.block_size, "rank": args.rank, "boundaries": parse_boundaries(args.boundaries),
-              "skip_path": args.skip_path, "shortcut_rank": args.shortcut_rank, "variant": args.variant,
-              "inner_lora": args.inner_lora}
-    return {k: v for k, v in values.items() if v is not None}
+    out = {}
+    for name in RETROFIT_FLAGS:
+        value = getattr(args, name)
+        if value is not None:
+            convert = RETROFIT_TEXT.get(name, (None, None))[1]
+            out[name] = convert(value) if convert else value
+    return out
 
 
 def retrofit_config(args) -> RetrofitConfig:
