@@ -12,11 +12,14 @@ from .errors import ReskipError, check_range
 
 def described(default=dataclasses.MISSING, help: str = "", default_factory=dataclasses.MISSING,
               choices: tuple | None = None, low: float | None = None, high: float | None = None,
-              required: bool = False, pattern=None):
+              required: bool = False, pattern=None, above: float | None = None):
     """A dataclass field with its help text in `metadata["help"]`, and optionally the values it may take
-    (`choices`), its inclusive range (`low`, `high`; None inside a range means "not set"), or that the command
+    (`choices`), its inclusive range (`low`, `high`; None inside a range means "not set"; `above`: an exclusive lower
+    bound), or that the command
     line must give it (`required`), or a compiled regular expression its text must match whole (`pattern`)."""
     metadata = {"help": help, "required": required}
+    if above is not None:  # an exclusive lower bound (a learning rate > 0), beside an inclusive `high`
+        metadata["above"] = above
     if pattern is not None:
         metadata["pattern"] = pattern
     if choices is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import typing
 import re
 from dataclasses import dataclass
 
@@ -44,9 +45,6 @@ def load_yaml(text: str):
     return yaml.load(text, Loader=_Yaml12Loader)  # noqa: S506 - a SafeLoader subclass
 
 
-REAL_FIELDS = ("lr", "router_lr_mult", "source_bias_lr_mult", "weight_decay", "warmup_frac", "min_lr_frac", "clip_norm", "lambda_kl", "lambda_ent",
-               "lambda_signal", "lambda_local", "hold_frac", "ramp_end_frac",
-               "skip_fraction")
 # The training recipe's retrofit, where it differs from RetrofitConfig's (the source design's, which a bare
 # `retrofit(model)` keeps): a skipped block goes through a learned shortcut.
 RECIPE_RETROFIT = {"skip_path": "shortcut"}
@@ -54,9 +52,6 @@ REPORT_TO = (None, "tensorboard")
 PLACEMENT_FIELDS = ("device", "shard")  # where a run computes, not what it trains
 SKIP_TEACHERS = ("backbone", "full")
 FULL_OBJECTIVES = ("ce", "kd")
-INT_FIELDS = ("seq_len", "steps", "batch_size", "grad_accum", "eval_every", "eval_sequences", "save_every",
-              "log_every", "seed", "skip_max_blocks")
-
 
 @dataclass
 class TrainConfig:
@@ -80,36 +75,36 @@ class TrainConfig:
     data: list[str] = described(help="training data specs: default (the bundled mix), text files or folders, JSONL, "
                                      "chat JSONL, a dataset id", default_factory=lambda: ["default"])
     data_weights: dict[str, float] | None = described(None, "the share of each part of the data (null: equal shares)")
-    seq_len: int = described(256, "tokens per training sequence")
-    steps: int = described(100, "optimizer steps")
-    batch_size: int = described(8, "sequences per optimizer step (global, over processes and accumulation)")
-    grad_accum: int = described(1, "micro-steps per optimizer step on each process")
-    lr: float = described(2e-3, "peak learning rate (AdamW), linear warm-up then cosine decay")
-    router_lr_mult: float = described(1.0, "the routers' queries w_n learn at this multiple of lr")
-    source_bias_lr_mult: float = described(1.0, "the routers' per-source biases b_i learn at this multiple of lr")
-    weight_decay: float = described(0.0, "AdamW weight decay")
-    warmup_frac: float = described(0.05, "share of the steps of linear learning-rate warm-up")
-    min_lr_frac: float = described(0.1, "the cosine decay ends at this multiple of lr")
-    clip_norm: float = described(1.0, "gradient norm clipping")
-    lambda_kl: float = described(1.0, "weight of KL(teacher || skip branch)")
+    seq_len: int = described(256, "tokens per training sequence", low=8)
+    steps: int = described(100, "optimizer steps", low=1)
+    batch_size: int = described(8, "sequences per optimizer step (global, over processes and accumulation)", low=1)
+    grad_accum: int = described(1, "micro-steps per optimizer step on each process", low=1)
+    lr: float = described(2e-3, "peak learning rate (AdamW), linear warm-up then cosine decay", above=0.0)
+    router_lr_mult: float = described(1.0, "the routers' queries w_n learn at this multiple of lr", above=0.0)
+    source_bias_lr_mult: float = described(1.0, "the routers' per-source biases b_i learn at this multiple of lr", above=0.0)
+    weight_decay: float = described(0.0, "AdamW weight decay", low=0.0)
+    warmup_frac: float = described(0.05, "share of the steps of linear learning-rate warm-up", low=0.0, high=1.0)
+    min_lr_frac: float = described(0.1, "the cosine decay ends at this multiple of lr", low=0.0, high=1.0)
+    clip_norm: float = described(1.0, "gradient norm clipping", above=0.0)
+    lambda_kl: float = described(1.0, "weight of KL(teacher || skip branch)", low=0.0)
     skip_teacher: str = described("backbone", "the skip branch's teacher: backbone (the frozen backbone, the source "
                                               "design's) or full (the retrofit's own full path, detached: a departure "
                                               "that pulls the skip branch toward what CE teaches the full path)")
     full_objective: str = described("ce", "the full path's term: ce (cross-entropy on the mix, the source design's) or "
                                           "kd (KL(backbone || full path) on every position: the backbone as the only "
                                           "teacher, a named variant)")
-    lambda_ent: float = described(0.01, "weight of the routers' entropy (subtracted: it keeps routing spread)")
+    lambda_ent: float = described(0.01, "weight of the routers' entropy (subtracted: it keeps routing spread)", low=0.0)
     lambda_signal: float = described(1.0, "weight of the signal term: corr(alpha on h_{n-1}, the measured per-token "
-                                          "cost of skipping n) for the drawn block; 0 is the source design's loss")
+                                          "cost of skipping n) for the drawn block; 0 is the source design's loss", low=0.0)
     lambda_local: float = described(1.0, "with skip shortcuts, weight of the local regression of x_n + S_n(x_n) onto "
-                                         "the block's real output h_n; 0: shortcuts learn from the skip branch only")
-    hold_frac: float = described(0.02, "c(t) is 0 (exact parity) for this share of the steps")
-    ramp_end_frac: float = described(0.3, "c(t) rises linearly to 1 at this share of the steps")
+                                         "the block's real output h_n; 0: shortcuts learn from the skip branch only", low=0.0)
+    hold_frac: float = described(0.02, "c(t) is 0 (exact parity) for this share of the steps", low=0.0, high=1.0)
+    ramp_end_frac: float = described(0.3, "c(t) rises linearly to 1 at this share of the steps", low=0.0, high=1.0)
     skip_blocks: list[int] | None = described(None, "blocks the skip branch may draw (null: every block but the first "
                                                     "and the last)")
     skip_fraction: float = described(1.0, "share of positions at which the drawn block is skipped (1: the whole "
-                                          "block; below 1 a token-level skip branch)")
-    skip_max_blocks: int = described(1, "the skip branch drops 1..this many distinct blocks together")
+                                          "block; below 1 a token-level skip branch)", above=0.0, high=1.0)
+    skip_max_blocks: int = described(1, "the skip branch drops 1..this many distinct blocks together", low=1)
     loss_chunk: int | None = described(64, "CE and KL from the LM head this many positions at a time (null: whole "
                                            "(B, T, V) logits); the step's peak memory 4.25 against 6.02 GiB at 8 x 256")
     recompute: bool = described(False, "activation checkpointing of the frozen layers: less memory, one more forward")
@@ -117,12 +112,12 @@ class TrainConfig:
                                    "does not fit one device; under torchrun or accelerate launch --multi_gpu); not "
                                    "part of the run's identity: the same training as data-parallel")
     report_to: str | None = described(None, "null, or tensorboard: every logged record also goes to RUN/tensorboard/")
-    eval_every: int = described(25, "steps between validations")
-    eval_sequences: int = described(16, "validation sequences")
+    eval_every: int = described(25, "steps between validations", low=1)
+    eval_sequences: int = described(16, "validation sequences", low=1)
     skip_kl_curve: bool = described(True, "the skip-branch KL of every block at every validation (false: at the "
                                           "first and the last only; one pass per block fewer)")
-    save_every: int = described(25, "steps between checkpoints (the two newest are kept)")
-    log_every: int = described(1, "steps between train records in train_log.jsonl")
+    save_every: int = described(25, "steps between checkpoints (the two newest are kept)", low=1)
+    log_every: int = described(1, "steps between train records in train_log.jsonl", low=1)
     seed: int = described(0, "the random seed: initialisation, data order, drawn blocks and positions")
     retrofit: dict = described(help="RetrofitConfig keys (block_size, rank, skip_path, ...) over the recipe's",
                                default_factory=dict)
@@ -142,14 +137,7 @@ class TrainConfig:
                 raise ReskipError(f"bad training config: {msg}")
 
         self._check_types(need)
-        for name in ("seq_len", "steps", "batch_size", "grad_accum", "eval_sequences", "eval_every", "save_every", "log_every",
-                     "skip_max_blocks"):
-            v = getattr(self, name)
-            need(isinstance(v, int) and v > 0, f"{name} must be a positive integer, got {v!r}")
-        need(self.seq_len >= 8, f"seq_len must be >= 8, got {self.seq_len}")
-        for name in ("warmup_frac", "min_lr_frac", "hold_frac", "ramp_end_frac"):
-            v = getattr(self, name)
-            need(isinstance(v, (int, float)) and 0.0 <= v <= 1.0, f"{name} must lie in [0, 1], got {v!r}")
+        self._check_ranges(need)
         need(self.hold_frac <= self.ramp_end_frac, "hold_frac must not exceed ramp_end_frac")
         need(self.skip_teacher in SKIP_TEACHERS,
              f"skip_teacher must be one of {', '.join(SKIP_TEACHERS)}, got {self.skip_teacher!r}")
@@ -157,11 +145,6 @@ class TrainConfig:
              f"full_objective must be one of {', '.join(FULL_OBJECTIVES)}, got {self.full_objective!r}")
         need(not (self.full_objective == "kd" and self.skip_teacher == "full"),
              "full_objective kd makes the backbone the only teacher: it does not go with skip_teacher full")
-        need(0.0 < self.skip_fraction <= 1.0, f"skip_fraction must lie in (0, 1], got {self.skip_fraction!r}")
-        for name in ("lr", "clip_norm", "router_lr_mult", "source_bias_lr_mult"):
-            need(getattr(self, name) > 0, f"{name} must be > 0")
-        for name in ("weight_decay", "lambda_kl", "lambda_ent", "lambda_signal", "lambda_local"):
-            need(getattr(self, name) >= 0, f"{name} must be >= 0")
         need(bool(self.data), "data is empty: use ['default'] or files / dataset ids")
         per_step = world_size * self.grad_accum
         need(self.batch_size % per_step == 0,
@@ -179,14 +162,15 @@ class TrainConfig:
 
     def _check_types(self, need) -> None:
         # Types first, so that every later comparison is between numbers (a YAML value such as
-        # `nan` or `1e-3x` arrives as a string).
-        for name in REAL_FIELDS:
-            v = getattr(self, name)
-            need(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
-                 f"{name} must be a finite number, got {v!r}")
-        for name in INT_FIELDS:
-            v = getattr(self, name)
-            need(isinstance(v, int) and not isinstance(v, bool), f"{name} must be an integer, got {v!r}")
+        # `nan` or `1e-3x` arrives as a string). Which fields are numbers comes from their declared types.
+        hints = typing.get_type_hints(TrainConfig)
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if hints[f.name] is float:
+                need(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
+                     f"{f.name} must be a finite number, got {v!r}")
+            elif hints[f.name] is int:
+                need(isinstance(v, int) and not isinstance(v, bool), f"{f.name} must be an integer, got {v!r}")
         need(isinstance(self.trust_remote_code, bool), f"trust_remote_code must be true or false, got {self.trust_remote_code!r}")
         need(isinstance(self.recompute, bool), f"recompute must be true or false, got {self.recompute!r}")
         need(isinstance(self.shard, bool), f"shard must be true or false, got {self.shard!r}")
@@ -202,6 +186,23 @@ class TrainConfig:
         need(self.dtype in ("auto", "float32", "bfloat16"), f"dtype must be auto, float32 or bfloat16, got {self.dtype!r}")
         need(isinstance(self.device, str) and DEVICE_PATTERN.fullmatch(self.device) is not None,
              f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+
+    def _check_ranges(self, need) -> None:
+        """Every field against the range declared on it (`described`'s low, high and above)."""
+        for f in dataclasses.fields(self):
+            lo, hi = f.metadata.get("range", (None, None))
+            above, v = f.metadata.get("above"), getattr(self, f.name)
+            if lo is None and hi is None and above is None:
+                continue
+            if lo == 1 and hi is None and isinstance(v, int):
+                need(v >= 1, f"{f.name} must be a positive integer, got {v!r}")
+            elif above is not None:
+                need(v > above and (hi is None or v <= hi),
+                     f"{f.name} must be > {above:g}" + ("" if hi is None else f" and <= {hi:g}") + f", got {v!r}")
+            elif hi is not None:
+                need(lo <= v <= hi, f"{f.name} must lie in [{lo:g}, {hi:g}], got {v!r}")
+            else:
+                need(v >= lo, f"{f.name} must be >= {lo:g}, got {v!r}")
 
     def check_against_model(self, model_config, n_blocks: int) -> None:
         limit = getattr(model_config, "max_position_embeddings", None)
