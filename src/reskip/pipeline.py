@@ -179,7 +179,9 @@ def _run_stages(run: RunFolder, config: PipelineConfig | None, resume: bool) -> 
 
 
 def _parity(run: RunFolder, config: PipelineConfig) -> None:
-    result = read_json(parity_run(run.root, ParityOptions(config.model, device=config.device, retrofit=config.train_config().retrofit_config())))
+    result = read_json(parity_run(run.root, ParityOptions(config.model, device=config.device,
+                                                          trust_remote_code=config.trust_remote_code,
+                                                          retrofit=config.train_config().retrofit_config())))
     if not all(r["equal"] for r in result["parity"]):
         raise ReskipError("step-zero parity is not exact: the retrofit at c = 0 differs from the backbone")
 
