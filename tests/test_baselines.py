@@ -301,6 +301,7 @@ def test_eval_scores_trained_methods_beside_the_run_against_the_same_references(
     methods = ["backbone", "retrofit", f"lora:{tmp_path / 'lora'}", f"healed:{tmp_path / 'healed'}", "pruned:1",
                f"export:{tmp_path / 'exported'}"]
     assert main(["eval", "--adapter", str(run), "--methods", *methods, "--benchmarks", "none", "--sequences", "4",
+                 "--generation", "6",
                  "--calib-sequences", "4", "--heldout", str(tmp_path / "corpus"), "--data",
                  str(write_corpus(tmp_path / "other", n_docs=300, seed=3)), "--quiet", "--out", str(out)]) == 0
     r = json.loads((out / "results.json").read_text())
@@ -316,6 +317,9 @@ def test_eval_scores_trained_methods_beside_the_run_against_the_same_references(
     assert rows[f"export:{tmp_path / 'exported'}"]["kl_to_backbone"] == pytest.approx(
         rows[f"healed:{tmp_path / 'healed'}"]["kl_to_backbone"], rel=1e-3)
     assert set(r["heldout"]["methods"]) == set(rows)
+    gen = r["generation"]["methods"]  # every method's greedy text beside the backbone's
+    assert set(gen) == set(methods) - {"backbone"} and all(0 <= g["prefix_share"] <= 1 for g in gen.values())
+    assert "same first sentence" in (out / "results.md").read_text()
     # a plain LoRA named as healed (and the reverse) is refused before any weights load
     capsys.readouterr()
     assert main(["eval", "--adapter", str(run), "--methods", f"healed:{tmp_path / 'lora'}", "--out",

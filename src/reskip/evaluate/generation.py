@@ -4,8 +4,8 @@ backbone's before the first divergence, and the share of prompts whose first sen
 
 The prompts (`PROMPTS`) are sixteen short instructions of the kinds the bundled mix holds (explanation, advice,
 code, story, facts, reasoning), each put through the tokenizer's chat template when it has one, so an instruct
-model answers as it is deployed. Greedy decoding with the KV cache, `max_new_tokens` new tokens, a batch at once
-(left padding); a model that stops early (end of sequence) is compared on what it wrote.
+model answers as it is deployed. Greedy decoding with the KV cache, `max_new_tokens` new tokens, one prompt at a
+time (no padding); a model that stops early (end of sequence) is compared on what it wrote.
 """
 
 from __future__ import annotations
@@ -37,34 +37,41 @@ PROMPTS = (
 SENTENCE_END = re.compile(r"[.!?\n]")
 
 
-def _inputs(tokenizer, prompts) -> dict:
-    texts = []
+def prompt_ids(tokenizer, prompts=PROMPTS) -> list[torch.Tensor]:
+    """Each prompt as the model is asked it: through the chat template when the tokenizer has one; (1, T) each."""
+    out = []
     for p in prompts:
         if getattr(tokenizer, "chat_template", None):
-            texts.append(tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
-                                                       add_generation_prompt=True))
+            text = tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                                 add_generation_prompt=True)
+            out.append(tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids)
         else:
-            texts.append(p)
-    side, tokenizer.padding_side = tokenizer.padding_side, "left"
-    pad = tokenizer.pad_token
-    if pad is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    try:
-        return tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-    finally:
-        tokenizer.padding_side, tokenizer.pad_token = side, pad
+            out.append(tokenizer(p, return_tensors="pt").input_ids)
+    return out
 
 
 @torch.no_grad()
-def greedy_continuations(model, tokenizer, prompts=PROMPTS, max_new_tokens: int = 48) -> list[list[int]]:
-    """Each prompt's greedy continuation (token ids, up to and without the end-of-sequence token) by a plain or
-    PEFT model (its own `generate`, the KV cache on)."""
-    batch = {k: v.to(model_device(model)) for k, v in _inputs(tokenizer, prompts).items()}
-    out = model.generate(**batch, do_sample=False, max_new_tokens=max_new_tokens,
-                         pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
-    new = out[:, batch["input_ids"].shape[1]:].tolist()  # (P, <= max_new_tokens)
+def continuations(generate_one, tokenizer, prompts: list[torch.Tensor], max_new_tokens: int = 48) -> list[list[int]]:
+    """Each prompt's greedy continuation (token ids, up to and without the end-of-sequence token), one prompt at a
+    time (no padding: every method decodes the same inputs the same way). generate_one(ids (1, T), **kwargs) ->
+    (1, T + new): a plain or PEFT model's `generate`, the backbone's, or the retrofit's under a policy."""
     eos = tokenizer.eos_token_id
-    return [row[: row.index(eos)] if eos in row else row for row in new]
+    out = []
+    for ids in prompts:
+        full = generate_one(ids, do_sample=False, max_new_tokens=max_new_tokens,
+                            pad_token_id=tokenizer.pad_token_id or eos)
+        row = full[0, ids.shape[1]:].tolist()
+        out.append(row[: row.index(eos)] if eos in row else row)
+    return out
+
+
+def greedy_continuations(model, tokenizer, prompts=PROMPTS, max_new_tokens: int = 48) -> list[list[int]]:
+    """A plain or PEFT model's (or a retrofit's, its own `generate`) greedy continuations of `prompts`."""
+    def one(ids, **kwargs):
+        ids = ids.to(model_device(model))
+        return model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)
+
+    return continuations(one, tokenizer, prompt_ids(tokenizer, prompts), max_new_tokens)
 
 
 def first_sentence(tokenizer, ids: list[int]) -> str:

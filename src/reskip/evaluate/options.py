@@ -31,6 +31,8 @@ class EvalOptions(StageOptions):
     mc_methods: list[Spec] = described(default_factory=lambda: _specs(DEFAULT_MC_METHODS),
                                        help="the methods the multiple-choice benchmarks are answered with")
     mc_limit: int = described(50, "questions per benchmark (a deterministic sample)", low=1)
+    generation: int = described(0, "generation agreement: greedy continuations of sixteen fixed chat prompts, this many "
+                                   "new tokens each, by every method beside the backbone's (0: none)", low=0)
     calib_sequences: int = described(32, "calibration sequences that rank the backbone's blocks for pruned:K "
                                          "(its own A(n), as `reskip experiment baselines` ranks them)", low=1)
     chunk_size: int = described(32, "tokens per step when scoring (one skip decision per block and step)", low=1)

@@ -7,6 +7,8 @@ and results.md. This module owns the schema of results.json:
                      margin_holds_share, top1_change_rate_where_margin_holds, top1_change_rate,
                      tokens, wall_s; `matched: true` for the matched baselines)
     multiple_choice: method -> benchmark -> {acc, acc_norm, chance, n}
+    generation:      (with `generation`) prompts, max_new_tokens, methods: method -> {prefix_share,
+                     same_first_sentence, per_prompt_prefix}: greedy continuations beside the backbone's
     frontier:        one point per method: flops_executed_share, blocks_executed_share, ppl_ratio,
                      top1_agreement
     heldout:         (with `heldout` data) data, test_split, sequences, methods, frontier: the same methods
@@ -30,6 +32,9 @@ from ..errors import ReskipError
 from ..io_atomic import atomic_write_json, atomic_write_text
 from ..skip.spec import Spec
 from ..stage_inputs import read_stage_inputs
+from ..backbones.devices import model_device
+from ..skip.scoring import generate
+from .generation import agreement, continuations, prompt_ids
 from .methods import evaluate_methods, open_scorers, parse_methods
 from .scorers import ScorerContext
 from .multiple_choice import load_benchmark, mc_accuracy
@@ -78,6 +83,7 @@ def evaluate_run(run, options: EvalOptions = EvalOptions()) -> Path:
           f"{describe(options.dtype, opened.device)} on {opened.device}", flush=True)
     results = run_methods(data, methods, "eval")
     mc = _multiple_choice(mc_methods, questions, model, tok, window)
+    generation = _generation(methods, model, tok, window, options.generation) if options.generation else None
     out = {
         "meta": {"adapter": str(source.adapter_dir), "policy": str(source.policy_path) if policy_file else None,
                  "sequences": len(data), "seq_len": seq_len, "chunk_size": options.chunk_size, "window": window,
@@ -85,6 +91,7 @@ def evaluate_run(run, options: EvalOptions = EvalOptions()) -> Path:
                  "test_split": record["splits"]["test"], "data": specs},
         "methods": results,
         "multiple_choice": mc,
+        **({"generation": generation} if generation else {}),
         "frontier": frontier_of(results, model.n_blocks),
     }
     if options.heldout:
@@ -128,6 +135,30 @@ def _multiple_choice(mc_methods, questions: dict, model, tok, window: int) -> di
             print(f"[eval] {b} with {m.name} ({len(qs)} questions)", flush=True)
             mc.setdefault(m.name, {})[b] = mc_accuracy(m.scorer.model if m.scorer else model, tok, qs, m.policy, window)
     return mc
+
+
+def _generation(methods, model, tok, window: int, max_new_tokens: int) -> dict:
+    """Every method's greedy continuations of the fixed prompts beside the backbone's (`evaluate.generation`)."""
+    prompts = prompt_ids(tok)
+
+    def backbone(ids, **kwargs):
+        with model.side_channel_disabled():
+            return model.generate(input_ids=ids.to(model_device(model)), **kwargs)
+
+    reference = continuations(backbone, tok, prompts, max_new_tokens)
+    out = {"prompts": len(prompts), "max_new_tokens": max_new_tokens, "methods": {}}
+    for m in methods:
+        if m.is_backbone:
+            continue
+        print(f"[eval] generation with {m.name} ({len(prompts)} prompts)", flush=True)
+        if m.scorer is not None:
+            def one(ids, m=m, **kwargs):
+                return m.scorer.model.generate(input_ids=ids.to(model_device(m.scorer.model)), **kwargs)
+        else:
+            def one(ids, m=m, **kwargs):
+                return generate(model, ids, m.policy, window, **kwargs)[0]
+        out["methods"][m.name] = agreement(tok, reference, continuations(one, tok, prompts, max_new_tokens))
+    return out
 
 
 def _same_methods(results: dict, options: EvalOptions) -> list[Spec]:

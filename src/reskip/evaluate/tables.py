@@ -29,6 +29,13 @@ def markdown(results: dict) -> str:
                  f"decisions in chunks of {meta['chunk_size']} tokens (one step per chunk), window W = {meta['window']}. "
                  "eps = max |logit change| from skipping vs the retrofit without skipping; Delta = its top-1 minus "
                  "top-2 logit. Multiple choice: log-likelihood, one step per scored sequence.")
+    gen = results.get("generation")
+    if gen:
+        lines += ["", f"Greedy generation of {gen['prompts']} fixed chat prompts ({gen['max_new_tokens']} new tokens) "
+                      "beside the backbone's:", "",
+                  "| method | share of tokens before the first divergence | same first sentence |", "|---|---|---|"]
+        lines += [f"| {name} | {g['prefix_share']:.3f} | {g['same_first_sentence']:.3f} |"
+                  for name, g in gen["methods"].items()]
     held = results.get("heldout")
     if held:
         lines += ["", f"Held-out source ({', '.join(held['data'])}: kept out of training and calibration; the policy as "
