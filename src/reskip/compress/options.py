@@ -34,7 +34,8 @@ class CompressOptions(BackboneOptions):
                                      "measured best), ce (cross-entropy on the data) or kd+ce", choices=OBJECTIVES)
     preset: str = described("standard", "the healing's length (steps x batch x tokens), one of the presets: "
                                         + PRESET_HELP, choices=tuple(PRESETS))
-    lr: float = described(0.004, "peak learning rate of the healing LoRA", low=1e-8, high=1.0)
+    lr: float = described(0.002, "peak learning rate of the healing LoRA (the rate the kd arms were measured at)",
+                          low=1e-8, high=1.0)
     params: int | None = described(None, "the healing LoRA's trainable parameters (None: the side-channel's count at "
                                          "the recipe's rank on this model, 982,663 on SmolLM2-135M)", low=1)
     heldout: list[str] = described(default_factory=lambda: ["kjv"],
