@@ -173,8 +173,12 @@ class _HeadLosses(torch.autograd.Function):
             # Each chunk as a 2-D (N, d) matrix: on a 3-D slice, which is not contiguous when B > 1, the
             # product falls back to a batched one that first copies the (V, d) head once per row. The soft-cap,
             # where the family has one, is applied as its forward does (in the model's dtype).
-            (zt, _), (zf, cap_f), (zs, cap_s) = (_capped(F.linear(h[:, sl].reshape(-1, d), weight, bias), softcap)
-                                                 for h in (h_teacher, h_full, h_skip))  # (N, V) each
+            (zt, _), (zf, cap_f) = (_capped(F.linear(h[:, sl].reshape(-1, d), weight, bias), softcap)
+                                    for h in (h_teacher, h_full))  # (N, V) each
+            if h_skip is h_full:  # one pass read twice (distillation's CE and KL of the same states): no second head
+                zs, cap_s = zf.clone(), None if cap_f is None else cap_f.clone()  # chunk_terms may overwrite its inputs
+            else:
+                zs, cap_s = _capped(F.linear(h_skip[:, sl].reshape(-1, d), weight, bias), softcap)
             c_ce, c_kl, dz_full, dz_skip, c_costs = terms(zt, zf, zs, t.clamp_min(0), t != -100, cap_f, cap_s, want_costs)
             del zt, zf, zs, cap_f, cap_s
             ce += c_ce
