@@ -204,10 +204,14 @@ class TrainConfig:
             else:
                 need(v >= lo, f"{f.name} must be >= {lo:g}, got {v!r}")
 
-    def check_against_model(self, model_config, n_blocks: int) -> None:
+    def check_against_model(self, model_config, n_blocks: int | None) -> None:
+        """The sequence length against the model's positions, and (n_blocks given: a retrofit) the blocks the skip
+        branch may draw against its partition."""
         limit = getattr(model_config, "max_position_embeddings", None)
         if limit is not None and self.seq_len > limit:
             raise ReskipError(f"seq_len {self.seq_len} exceeds the model's limit of {limit} positions")
+        if n_blocks is None:
+            return
         if self.skip_blocks is not None and max(self.skip_blocks) > n_blocks:
             raise ReskipError(f"skip_blocks {self.skip_blocks} reach beyond the model's {n_blocks} blocks")
         if self.skip_blocks is None and n_blocks < 3:

@@ -56,6 +56,7 @@ class LoraRecipe:
     """A LoRA arm (`LoraArm`: the parameters to match, the layers to remove, the healing objective)."""
 
     name = "lora"
+    adds_side_channel = False  # only its sequence length is checked against the backbone's positions
 
     def __init__(self, arm: LoraArm):
         self.arm = arm

@@ -74,7 +74,7 @@ def plan(o: CompressOptions) -> Plan:
         raise ReskipError(f"--drop {o.drop}: the model has {middle} middle blocks of {o.block_size} layers (the first "
                           "and last are kept)")
     pc = PipelineConfig(model=o.model, data=list(o.data), preset=o.preset, dtype=o.dtype, device=o.device,
-                        trust_remote_code=o.trust_remote_code, overrides={"lr": o.lr, "block_size": o.block_size})
+                        trust_remote_code=o.trust_remote_code, overrides={"lr": o.lr, "seed": 0})
     cfg = pc.train_config()
     cfg.validate()
     params = o.params or count_params(config, cfg.retrofit_config()).new_params

@@ -251,7 +251,10 @@ def open_training(cfg: TrainConfig, run_dir: Path, resume: bool, show_progress: 
     files = RunFolder(run_dir)
     check_identity(cfg, files, resume, overwrite, remove=accelerator.is_main_process, recipe=recipe)
     splits, record = load_splits(cfg.data)  # cheap; an empty data set fails here, before the model
-    check_against_backbone(cfg)
+    if recipe.adds_side_channel:  # the retrofit's blocks and skip branch against the backbone's config
+        check_against_backbone(cfg)
+    else:  # a recipe that adds no side-channel: only the sequence length against the backbone's positions
+        cfg.check_against_model(load_config(cfg.model, cfg.trust_remote_code), n_blocks=None)
     torch.manual_seed(cfg.seed)
     if accelerator.is_main_process and show_progress:
         print(f"[train] {recipe.name}: {cfg.steps} steps x {cfg.batch_size} x {cfg.seq_len} tokens, backbone in "

@@ -88,6 +88,7 @@ class RetrofitRecipe:
     skip) - lambda_ent H(alpha) (+ the signal and local terms), config.yaml the TrainConfig itself."""
 
     name = "retrofit"
+    adds_side_channel = True  # its blocks and skip branch are checked against the backbone's config
 
     def build(self, base: nn.Module, cfg: TrainConfig, val_data: Packed) -> "RetrofitTrainee":
         return RetrofitTrainee(retrofit(base, cfg.retrofit_config(), seed=cfg.seed), cfg)
