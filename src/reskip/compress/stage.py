@@ -159,7 +159,7 @@ def compress(o: CompressOptions, show=print) -> Path:
         costs = block_costs(o, p, out, show)
         blocks = chosen_blocks(o, costs)
         layers = sorted(costs.layers_of(blocks))
-        show(f"[compress] 2/4 heal: blocks {blocks} (layers {layers[0]}-{layers[-1]}) removed; a LoRA of "
+        show(f"[compress] 2/4 heal: blocks {blocks} (layers {layers[0]}-{layers[-1]}) removed; a LoRA matched to "
              f"{p.params:,} parameters trained by {o.objective} on {p.cfg.steps * p.cfg.batch_size * p.cfg.seq_len:,} tokens")
         arm = LoraArm(params=p.params, drop_layers=layers, drop_blocks=blocks, objective=o.objective)
         summary = train_lora(p.cfg, arm, out / HEAL, show_progress=not o.quiet)
