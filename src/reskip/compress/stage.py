@@ -33,6 +33,7 @@ from ..config_fields import flag_of
 from ..errors import ReskipError
 from ..io_atomic import atomic_write_json, atomic_write_text
 from ..pipeline import PipelineConfig
+from ..progress import Progress
 from ..reading import read_json
 from ..run_lock import writing
 from ..stage_options import PRESETS
@@ -114,7 +115,14 @@ def block_costs(o: CompressOptions, p: Plan, out: Path, show) -> BlockCosts:
     n = PRESETS[o.preset]["calibrate"]["sequences"]
     data = pack(tok, splits["calib"], p.cfg.seq_len, n, seed=0)
     show(f"[compress] 1/4 the ablation cost of each of the {len(p.blocks)} blocks on {len(data)} calibration sequences")
-    costs = backbone_block_costs(model, data, o.block_size)
+    with Progress(len(data), "compress: block costs", unit="seq", enabled=not o.quiet) as bar:
+        done = [0]
+
+        def advance(i: int, n: int) -> None:  # measure_blocks reports sequences done so far
+            bar.update(i - done[0])
+            done[0] = i
+
+        costs = backbone_block_costs(model, data, o.block_size, progress=advance)
     atomic_write_json(path, costs.to_dict())
     return costs
 
