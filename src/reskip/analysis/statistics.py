@@ -5,6 +5,16 @@ from __future__ import annotations
 import numpy as np
 
 
+def _paired(statistic, n: int, n_boot: int, seed: int) -> dict:
+    """statistic(idx) over all n sequences, with the 95% interval of its values over n_boot resamples of them (the
+    same draws for every statistic of a given seed)."""
+    point = statistic(np.arange(n))
+    rng = np.random.default_rng(seed)
+    draws = [statistic(rng.integers(0, n, n)) for _ in range(n_boot)]
+    lo, hi = np.quantile(draws, [0.025, 0.975])
+    return {"mean": float(point), "lo": float(lo), "hi": float(hi)}
+
+
 def bootstrap_difference(full: np.ndarray, a: np.ndarray, b: np.ndarray, targets: np.ndarray,
                          n_boot: int = 1000, seed: int = 0) -> dict:
     """ppl(a)/ppl(full) - ppl(b)/ppl(full) over sequences, with its 95% bootstrap interval.
@@ -13,15 +23,7 @@ def bootstrap_difference(full: np.ndarray, a: np.ndarray, b: np.ndarray, targets
     def ratio(nll, idx):
         return np.exp((nll[idx].sum() - full[idx].sum()) / targets[idx].sum())
 
-    all_idx = np.arange(len(full))
-    point = ratio(a, all_idx) - ratio(b, all_idx)
-    rng = np.random.default_rng(seed)
-    draws = []
-    for _ in range(n_boot):
-        idx = rng.integers(0, len(full), len(full))
-        draws.append(ratio(a, idx) - ratio(b, idx))
-    lo, hi = np.quantile(draws, [0.025, 0.975])
-    return {"mean": float(point), "lo": float(lo), "hi": float(hi)}
+    return _paired(lambda idx: ratio(a, idx) - ratio(b, idx), len(full), n_boot, seed)
 
 
 def bootstrap_mean_difference(a: np.ndarray, b: np.ndarray, counts: np.ndarray, n_boot: int = 1000,
@@ -32,15 +34,7 @@ def bootstrap_mean_difference(a: np.ndarray, b: np.ndarray, counts: np.ndarray, 
     def mean(x, idx):
         return x[idx].sum() / counts[idx].sum()
 
-    all_idx = np.arange(len(counts))
-    point = mean(a, all_idx) - mean(b, all_idx)
-    rng = np.random.default_rng(seed)
-    draws = []
-    for _ in range(n_boot):
-        idx = rng.integers(0, len(counts), len(counts))
-        draws.append(mean(a, idx) - mean(b, idx))
-    lo, hi = np.quantile(draws, [0.025, 0.975])
-    return {"mean": float(point), "lo": float(lo), "hi": float(hi)}
+    return _paired(lambda idx: mean(a, idx) - mean(b, idx), len(counts), n_boot, seed)
 
 
 def verdict(diff: dict) -> str:
