@@ -324,7 +324,7 @@ def test_eval_scores_trained_methods_beside_the_run_against_the_same_references(
     capsys.readouterr()
     assert main(["eval", "--adapter", str(run), "--methods", f"healed:{tmp_path / 'lora'}", "--out",
                  str(tmp_path / "no")]) == 2
-    assert "removes no layer: score it as lora:" in capsys.readouterr().err
+    assert "is a lora arm: score it as lora:" in capsys.readouterr().err
 
 
 def test_block_costs_read_the_ablation_as_perplexity_kl_and_influence():

@@ -266,3 +266,32 @@ def test_one_token_choices_score_the_context_once_with_the_same_likelihoods(tmp_
         assert once == pytest.approx(batched, abs=1e-5)
     acc = mc_accuracy(rm, tok, qs, policy, 4)
     assert acc["n"] == 12 and 0 <= acc["acc"] <= 1
+
+
+def test_eval_against_a_reference_model_reads_its_logits_and_its_layers(tmp_path):
+    """`--reference` (the original a pruned backbone came from): the run's own backbone as the reference gives the
+    rows of no reference to the bit; a reference of other depth is the backbone row (KL 0), the unit of compute
+    (the run's 6 layers over its 4) and what the other rows are compared with."""
+    from helpers import tiny_model
+    from reskip import compat
+
+    run = tiny_trained_run(tmp_path, calibrate=[])
+    ref = tmp_path / "reference"
+    other = tiny_model("llama", seed=5)
+    compat.remove_layers(other, {1, 4})
+    other.save_pretrained(ref)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (tmp_path / "model" / name).is_file():
+            (ref / name).write_bytes((tmp_path / "model" / name).read_bytes())
+    rows = {}
+    for key, extra in (("none", []), ("self", ["--reference", str(tmp_path / "model")]), ("other", ["--reference", str(ref)])):
+        out = tmp_path / f"ev-{key}"
+        assert main(["eval", str(run), "--methods", "backbone", "retrofit", "static:1", "--benchmarks", "none",
+                    "--sequences", "3", "--quiet", "--out", str(out), *extra]) == 0
+        rows[key] = json.loads((out / "results.json").read_text())["methods"]
+    fields = ("kl_to_backbone", "top1_agreement", "ppl_ratio", "flops_executed_share")
+    assert all(rows["self"][m][f] == rows["none"][m][f] for m in rows["none"] for f in fields)
+    other_rows = rows["other"]
+    assert other_rows["backbone"]["kl_to_backbone"] == 0 and other_rows["backbone"]["flops_executed_share"] == 1
+    assert other_rows["retrofit"]["flops_executed_share"] == pytest.approx(6 / 4)
+    assert other_rows["retrofit"]["kl_to_backbone"] != rows["none"]["retrofit"]["kl_to_backbone"]

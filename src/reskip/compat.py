@@ -165,3 +165,25 @@ def layers_put_back(model: nn.Module, removed: RemovedLayers):
         config.num_hidden_layers = len(kept)
         if pruned_types is not None:
             config.layer_types = pruned_types
+
+
+@contextmanager
+def layers_removed(model: nn.Module, drop: set[int]):
+    """Inside, the model is the smaller one without the layers in `drop` (as `remove_layers` leaves it); on leaving,
+    the whole model again, every module and config value as before. Nothing is copied. For a student that trains at
+    several depths with one set of weights (nested depths): an empty `drop` changes nothing."""
+    if not drop:
+        yield model
+        return
+    removed = remove_layers(model, set(drop))
+    try:
+        yield model
+    finally:
+        with layers_put_back(model, removed):
+            whole = list(decoder_layers(model))
+        _number_layers(whole)
+        model.model.layers = nn.ModuleList(whole)
+        config = model.config
+        config.num_hidden_layers = removed.n_layers
+        if removed.layer_types is not None:
+            config.layer_types = list(removed.layer_types)

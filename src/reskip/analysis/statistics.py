@@ -37,6 +37,12 @@ def bootstrap_mean_difference(a: np.ndarray, b: np.ndarray, counts: np.ndarray, 
     return _paired(lambda idx: mean(a, idx) - mean(b, idx), len(counts), n_boot, seed)
 
 
+def bootstrap_sum_ratio(a: np.ndarray, b: np.ndarray, n_boot: int = 1000, seed: int = 0) -> dict:
+    """sum(a) / sum(b) over sequences (of two paired per-sequence sums over the same positions: one KL to the
+    backbone over another), with its 95% bootstrap interval (the same draws as `bootstrap_difference`)."""
+    return _paired(lambda idx: a[idx].sum() / b[idx].sum(), len(a), n_boot, seed)
+
+
 def verdict(diff: dict) -> str:
     if diff["hi"] < 0:
         return "signal beats random"

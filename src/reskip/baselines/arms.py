@@ -34,6 +34,39 @@ class LoraArm:
                                choices=("ce", "kd", "kd+ce"))
     temperature: float = described(1.0, "kd's temperature T (the KL of logits / T, scaled by T^2)", low=0.05,
                                    high=100.0)
+    nested_blocks: list[int] = described(
+        help="nested depths: the blocks removed one after another (depth k removes the first k), in the order of "
+             "their cost to the backbone; one LoRA trains at every depth 1..k, each step at one depth, distilled "
+             "from the whole backbone (empty: one depth, drop_layers)", default_factory=list)
+    nested_layers: list[list[int]] = described(help="the decoder layers of each nested block, in the same order",
+                                               default_factory=list)
+
+    @property
+    def nested(self) -> bool:
+        return bool(self.nested_blocks)
+
+    @property
+    def depths(self) -> int:
+        """The deepest cut a nested arm serves (its depths are 0..depths); 0 for a one-depth arm."""
+        return len(self.nested_blocks)
+
+    def layers_at(self, depth: int) -> list[int]:
+        """The decoder layers removed at nested depth `depth` (the first `depth` blocks of the order)."""
+        if not 0 <= depth <= self.depths:
+            raise ReskipError(f"depth {depth}: this arm serves depths 0 to {self.depths}")
+        return sorted(i for layers in self.nested_layers[:depth] for i in layers)
+
+    def check(self, where: str) -> None:
+        """One clear error for a record no trainer writes (`where` names the file)."""
+        if self.nested and self.drop_layers:
+            raise ReskipError(f"{where}: lora.nested_blocks and lora.drop_layers both set; a nested arm removes its "
+                              "layers per depth (nested_layers)")
+        if len(self.nested_layers) != len(self.nested_blocks):
+            raise ReskipError(f"{where}: lora.nested_layers has {len(self.nested_layers)} entries for "
+                              f"{len(self.nested_blocks)} nested_blocks: one list of layers per block")
+        flat = [i for layers in self.nested_layers for i in layers]
+        if len(set(flat)) != len(flat) or len(set(self.nested_blocks)) != len(self.nested_blocks):
+            raise ReskipError(f"{where}: lora.nested_blocks/nested_layers repeat a block or a layer")
 
 
 def arm_config_text(cfg: TrainConfig, arm: LoraArm) -> str:
@@ -49,18 +82,39 @@ def read_arm(run_dir: Path) -> tuple[TrainConfig, LoraArm]:
     if not isinstance(data, dict) or not {"train", "lora"} <= set(data):
         raise ReskipError(f"{run_dir} is not a finished baseline run: its config.yaml has no train: and lora: (a "
                           "LoRA or healed-static arm of `reskip experiment baselines` has)")
-    return TrainConfig.from_dict(data["train"]), LoraArm(**data["lora"])
+    arm = LoraArm(**data["lora"])
+    arm.check(str(RunFolder(run_dir).config))
+    return TrainConfig.from_dict(data["train"]), arm
 
 
-def load_arm_model(run_dir: Path, dtype: str | None = None, device: str = "auto", trust_remote_code: bool = False):
+def load_arm_model(run_dir: Path, dtype: str | None = None, device: str = "auto", trust_remote_code: bool = False,
+                   depth: int | None = None):
     """A trained baseline run as (model with its LoRA, tokenizer) on `device`: the backbone loaded, pruned as
-    recorded and the PEFT adapter applied. The model's own Python code runs only with the caller's
+    recorded (a nested arm: at `depth`, which it needs) and the PEFT adapter applied. A nested arm at depth 0 is
+    the backbone itself, without its LoRA: exactly the model it distils from. The model's own Python code runs only with the caller's
     `trust_remote_code` (the user's flag), never because the arm's config.yaml says so: an arm someone shared runs
     no code on the machine that opens it."""
     cfg, arm = read_arm(run_dir)
+    drop = arm_layers(arm, run_dir, depth)
     base, tokenizer = load_backbone(cfg.model, dtype or cfg.dtype, trust_remote_code, device)
-    if arm.drop_layers:
-        prune(base, set(arm.drop_layers))
+    if drop:
+        prune(base, set(drop))
+    if arm.nested and depth == 0:  # the backbone, bit for bit: its LoRA is not applied
+        base.eval()
+        return base, tokenizer
     model = PeftModel.from_pretrained(base, RunFolder(run_dir).adapter, autocast_adapter_dtype=True)
     model.eval()
     return model, tokenizer
+
+
+def arm_layers(arm: LoraArm, run_dir: Path, depth: int | None) -> list[int]:
+    """The layers an arm's model removes: a nested arm's at `depth` (which it needs), any other's own."""
+    if arm.nested:
+        if depth is None:
+            raise ReskipError(f"{run_dir} is a nested-depths arm (depths 0 to {arm.depths}): say which depth "
+                              "(--depth K, or nested:K:RUN)")
+        return arm.layers_at(depth)
+    if depth is not None and depth != len(arm.drop_blocks):
+        raise ReskipError(f"{run_dir} serves one depth ({len(arm.drop_blocks)} blocks removed); --depth {depth} needs "
+                          "a nested-depths arm (`reskip experiment nested`)")
+    return list(arm.drop_layers)

@@ -11,10 +11,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from peft import PeftModel
+
 from ..errors import ReskipError
 from ..io_atomic import atomic_folder
 from ..reading import read_json
-from .arms import load_arm_model, read_arm
+from .arms import arm_layers, load_arm_model, read_arm
 
 RECORD = "reskip.json"
 
@@ -35,23 +37,27 @@ def check_out(run_dir: Path, out: Path) -> None:
                           "nothing was touched")
 
 
-def export_run(run_dir: Path, out: Path, dtype: str = "float32", trust_remote_code: bool = False) -> Path:
+def export_run(run_dir: Path, out: Path, dtype: str = "float32", trust_remote_code: bool = False,
+               depth: int | None = None) -> Path:
     """Write the run's merged model, its tokenizer and its record to `out` (a folder written whole or not at all;
-    an earlier export there is replaced, anything else refused: `check_out`)."""
+    an earlier export there is replaced, anything else refused: `check_out`). A nested-depths arm is written at
+    `depth` (which it needs; 0: the backbone itself)."""
     cfg, arm = read_arm(run_dir)  # not a baseline run: one clear error before the model loads
+    drop = arm_layers(arm, run_dir, depth)  # a depth the arm does not serve: refused here too
     check_out(run_dir, out)
-    model, tokenizer = load_arm_model(run_dir, dtype, trust_remote_code=trust_remote_code)
-    n_layers = model.get_base_model().config.num_hidden_layers + len(arm.drop_layers)
-    merged = model.merge_and_unload()
+    model, tokenizer = load_arm_model(run_dir, dtype, trust_remote_code=trust_remote_code, depth=depth)
+    merged = model.merge_and_unload() if isinstance(model, PeftModel) else model  # nested depth 0: no LoRA
+    n_layers = merged.config.num_hidden_layers + len(drop)
     # a GGUF-loaded backbone keeps its quantizer's record; the merged weights are plain tensors
     merged.hf_quantizer = None
     if hasattr(merged.config, "quantization_config"):
         del merged.config.quantization_config
-    record = {"backbone": cfg.model, "backbone_layers": n_layers, "drop_layers": list(arm.drop_layers),
-              "drop_blocks": list(arm.drop_blocks), "healing": {"objective": arm.objective, "temperature": arm.temperature,
-                                                                "lora_parameters": arm.params, "steps": cfg.steps,
-                                                                "tokens": cfg.steps * cfg.batch_size * cfg.seq_len,
-                                                                "lr": cfg.lr, "data": list(cfg.data)},
+    blocks = arm.nested_blocks[:depth] if arm.nested else list(arm.drop_blocks)
+    record = {"backbone": cfg.model, "backbone_layers": n_layers, "drop_layers": drop, "drop_blocks": blocks,
+              "healing": {"objective": arm.objective, "temperature": arm.temperature, "lora_parameters": arm.params,
+                          "steps": cfg.steps, "tokens": cfg.steps * cfg.batch_size * cfg.seq_len, "lr": cfg.lr,
+                          "data": list(cfg.data),
+                          **({"nested_blocks": arm.nested_blocks, "depth": depth} if arm.nested else {})},
               "dtype": dtype}
 
     def write(tmp: Path) -> None:

@@ -50,28 +50,36 @@ class HealingObjective(nn.Module):
         with torch.no_grad(), self.model.disable_adapter(), back:
             yield
 
-    def forward(self, input_ids, labels, n_targets: int, n_positions: int) -> dict:
+    def student(self, drop: list[int] | None):
+        """The context of the student's pass: the model as trained, or (nested depths) without the layers `drop`."""
+        return compat.layers_removed(self.base, set(drop)) if drop else nullcontext()
+
+    def forward(self, input_ids, labels, n_targets: int, n_positions: int, drop: list[int] | None = None) -> dict:
         """{loss, ce, kl}: CE summed over the labelled targets / n_targets, KL summed over positions / n_positions
-        (the step's global counts); the loss is the objective's."""
+        (the step's global counts); the loss is the objective's. `drop`: layers the student runs without this step
+        (a nested arm's depth); the teacher is always the whole backbone."""
         chunked = self.loss_chunk is not None and self.temperature == 1.0
         body, head = compat.decoder_body(self.base), compat.output_head(self.base)
         if self.objective == "ce":  # no teacher pass
-            if chunked:
-                h = body(input_ids=input_ids, use_cache=False).last_hidden_state  # (b, T, d), through the LoRA
-                ce = head_ce(h, head, labels, self.loss_chunk) / n_targets
-            else:
-                ce = ce_sum(self.model(input_ids=input_ids, use_cache=False).logits, labels) / n_targets
+            with self.student(drop):
+                if chunked:
+                    h = body(input_ids=input_ids, use_cache=False).last_hidden_state  # (b, T, d), through the LoRA
+                    ce = head_ce(h, head, labels, self.loss_chunk) / n_targets
+                else:
+                    ce = ce_sum(self.model(input_ids=input_ids, use_cache=False).logits, labels) / n_targets
             return {"loss": ce, "ce": ce.detach(), "kl": torch.zeros((), device=ce.device)}
         if chunked:
             with self.teacher():
                 h_teacher = body(input_ids=input_ids, use_cache=False).last_hidden_state  # (b, T, d)
-            h = body(input_ids=input_ids, use_cache=False).last_hidden_state
+            with self.student(drop):
+                h = body(input_ids=input_ids, use_cache=False).last_hidden_state
             ce, kl = head_losses(h, h, h_teacher, head, labels, self.loss_chunk)[:2]
         else:
             t = self.temperature
             with self.teacher():
                 z_teacher = self.model(input_ids=input_ids, use_cache=False).logits.float() / t  # (b, T, V)
-            z = self.model(input_ids=input_ids, use_cache=False).logits
+            with self.student(drop):
+                z = self.model(input_ids=input_ids, use_cache=False).logits
             kl = kl_sum(teacher_targets(z_teacher), z.float() / t) * t * t
             ce = ce_sum(z, labels)
         ce, kl = ce / n_targets, kl / n_positions

@@ -33,6 +33,7 @@ from ..losses import ce_tokens, head_logits, kl_sum, teacher_targets
 from ..progress import Progress
 from ..train_config import TrainConfig
 from ..train.log import read_log, records
+from ..train.schedules import nested_depth
 from ..train.trainee import Counts, StepPlan
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -64,6 +65,7 @@ class LoraRecipe:
     def build(self, base: nn.Module, cfg: TrainConfig, val_data: Packed) -> "LoraTrainee":
         nll, targets = sequence_nll(base, val_data, 1)
         ppl_backbone = math.exp(sum(nll) / sum(targets))
+        # a nested arm keeps every layer: its student leaves some out per step (`HealingObjective.student`)
         removed = prune_keeping(base, set(self.arm.drop_layers)) if self.arm.drop_layers else None
         lora_config, accounting = matched_lora_config(base, self.arm.params)
         model = add_lora(base, lora_config)
@@ -104,40 +106,56 @@ class LoraTrainee:
 
     def plan(self, step: int, cfg: TrainConfig, batch_shape: tuple[int, ...]) -> StepPlan:
         self.model.train()  # validation leaves it in eval mode
-        return StepPlan()
+        if not self.arm.nested:
+            return StepPlan()
+        depth = nested_depth(step, cfg.seed, self.arm.depths)
+        return StepPlan({"drop": self.arm.layers_at(depth)}, {"depth": depth})
 
     def micro(self, objective, ids, labels, plan: StepPlan, lo: int, n: int, counts: Counts) -> dict:
         # divided by its count (not multiplied by 1 / count): with one process and no accumulation the loss is
         # ce_sum / n_targets, as the arms trained before the one loop computed it
         return objective(ids, labels, counts.targets / (counts.world * counts.grad_accum),
-                         counts.positions / (counts.world * counts.grad_accum))
+                         counts.positions / (counts.world * counts.grad_accum), plan.arguments.get("drop"))
 
     def record_names(self) -> dict[str, str]:
         return {"loss": "loss", "ce": "ce", **({"kl": "kl"} if self.arm.objective != "ce" else {})}
+
+    def depths(self) -> list[int]:
+        """The depths validation reads: a nested arm's 1..K (their mean KL is `kl_full`, what its sweep chooses
+        by); one depth (the model as it is) otherwise."""
+        return list(range(1, self.arm.depths + 1)) if self.arm.nested else [0]
 
     @torch.no_grad()
     def validate(self, data: Packed, step: int, cfg: TrainConfig, cache: dict, bar: Progress) -> dict:
         """Perplexity on the validation split (as `sequence_nll`) and KL(backbone || model) per position: the
         teacher's final hidden states (1, T, d) computed once per sequence and kept, its logits reapplied by the
-        head (the same operations as its forward)."""
+        head (the same operations as its forward). A nested arm: at each depth (`ppl_depth`, `kl_depth`), their
+        means as `ppl_full` (geometric) and `kl_full`."""
         model, base = self.model, self.model.get_base_model()
         was = model.training
         model.eval()
-        nll = kl = 0.0
-        targets = positions = 0
+        per = {d: [0.0, 0, 0.0, 0] for d in self.depths()}  # depth -> [nll, targets, kl, positions]
         for i, (ids, labels) in enumerate(data.batches(1, model_device(model))):
             if i not in cache:
                 with self.objective.teacher():
                     cache[i] = compat.decoder_body(base)(input_ids=ids, use_cache=False).last_hidden_state
             teacher = teacher_targets(head_logits(cache[i], compat.output_head(base)))  # p: (1, T, V)
-            z = model(input_ids=ids, use_cache=False).logits  # (1, T, V)
-            nll += ce_tokens(z, labels).double().sum().item()
-            targets += int((labels[:, 1:] != -100).sum())
-            kl += kl_sum(teacher, z).item()
-            positions += ids.numel()
+            for depth, sums in per.items():
+                with self.objective.student(self.arm.layers_at(depth) if self.arm.nested else None):
+                    z = model(input_ids=ids, use_cache=False).logits  # (1, T, V)
+                sums[0] += ce_tokens(z, labels).double().sum().item()
+                sums[1] += int((labels[:, 1:] != -100).sum())
+                sums[2] += kl_sum(teacher, z).item()
+                sums[3] += ids.numel()
             bar.update(1)
         model.train(was)
-        return {"ppl_full": math.exp(nll / targets), "ppl_backbone": self.ppl_backbone, "kl_full": kl / positions}
+        ppl = {d: math.exp(nll / t) for d, (nll, t, _, _) in per.items()}
+        kl = {d: k / n for d, (_, _, k, n) in per.items()}
+        out = {"ppl_full": math.exp(sum(math.log(p) for p in ppl.values()) / len(ppl)),
+               "ppl_backbone": self.ppl_backbone, "kl_full": sum(kl.values()) / len(kl)}
+        if self.arm.nested:
+            out.update(ppl_depth={str(d): p for d, p in ppl.items()}, kl_depth={str(d): k for d, k in kl.items()})
+        return out
 
     def save_weights(self, folder: Path, step: int) -> None:
         self.model.save_pretrained(folder)
@@ -153,6 +171,8 @@ class LoraTrainee:
                    "ppl_full": {"start": evals[0]["ppl_full"], "end": evals[-1]["ppl_full"]},
                    "kl_full": {"start": evals[0].get("kl_full"), "end": evals[-1].get("kl_full")},
                    "lora": self.accounting, "drop_layers": self.arm.drop_layers, "drop_blocks": self.arm.drop_blocks,
+                   **({"nested_blocks": self.arm.nested_blocks, "kl_depth": evals[-1].get("kl_depth"),
+                       "ppl_depth": evals[-1].get("ppl_depth")} if self.arm.nested else {}),
                    "objective": self.arm.objective, "temperature": self.arm.temperature, "lr": cfg.lr,
                    "dtype": cfg.dtype, "device": device}
         atomic_folder(folder, lambda tmp: self.model.save_pretrained(tmp))

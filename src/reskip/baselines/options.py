@@ -14,3 +14,5 @@ class ExportOptions:
     dtype: str = described("float32", "the exported weights' dtype", choices=("float32", "bfloat16"))
     trust_remote_code: bool = described(False, "allow the backbone's own Python code to run (never taken from the "
                                                "arm's config.yaml)")
+    depth: int | None = described(None, "a nested-depths arm: the depth to write (its first K blocks removed; 0: the "
+                                        "backbone itself); any other arm serves its one depth", low=0)

@@ -42,13 +42,17 @@ class BlockCosts:
         draws from the same set)."""
         return list(range(2, len(self.blocks)))
 
-    def cheapest(self, k: int, by: str = "ppl") -> list[int]:
-        """The k middle blocks cheapest to remove, sorted: by A(n) (`ppl`), by KL to the backbone (`kl`), or by
+    def ranked(self, by: str = "ppl") -> list[int]:
+        """The middle blocks, cheapest to remove first: by A(n) (`ppl`), by KL to the backbone (`kl`), or by
         ShortGPT's block influence (`influence`: the output most like the input)."""
         if by == "kl" and self.kl is None:
             raise ReskipError("these block costs were measured without KL: measure them again")
         key = {"ppl": lambda n: self.A[n], "kl": lambda n: self.kl[n], "influence": lambda n: -self.cos_in_out[n]}[by]
-        ranked = sorted(self.middle(), key=key)
+        return sorted(self.middle(), key=key)
+
+    def cheapest(self, k: int, by: str = "ppl") -> list[int]:
+        """The k middle blocks cheapest to remove (`ranked`'s first k), sorted."""
+        ranked = self.ranked(by)
         if k > len(ranked):
             raise ReskipError(f"cannot drop {k} blocks: the model has {len(ranked)} middle blocks")
         return sorted(ranked[:k])

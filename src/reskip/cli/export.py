@@ -20,7 +20,7 @@ def cmd_export(args) -> int:
                           "`reskip experiment baselines`")
     o = options_from_args(ExportOptions, args)
     check_out(run, Path(o.out))
-    out = export_run(run, Path(o.out), o.dtype, o.trust_remote_code)
+    out = export_run(run, Path(o.out), o.dtype, o.trust_remote_code, o.depth)
     print(f"exported {run} to {out}: load it with AutoModelForCausalLM.from_pretrained({str(out)!r})")
     return 0
 

@@ -20,12 +20,13 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+from torch import nn
 
 from ..backbones.devices import model_device
 from ..data.packing import Packed
 from ..errors import ReskipError
 from ..fusion import fused
-from ..compat import output_head
+from ..compat import decoder_body, decoder_layers, output_head
 from ..losses import head_logits, next_token_targets, teacher_targets
 from ..ar_retrofit.model import ReskipModel
 from ..skip.policies import NoSkip, SkipPolicy, plan
@@ -302,19 +303,25 @@ class EvalContext:
     head: tuple
     seen: dict = field(default_factory=dict)
     hidden: dict = field(default_factory=dict)
+    reference: nn.Module | None = None  # whose logits the methods are compared with (None: the run's backbone)
 
     @classmethod
-    def of(cls, model: ReskipModel, data: Packed, window: int, chunk_size: int, seen=None, hidden=None) -> "EvalContext":
+    def of(cls, model: ReskipModel, data: Packed, window: int, chunk_size: int, seen=None, hidden=None,
+           reference: nn.Module | None = None) -> "EvalContext":
         flops = LayerFlops.of(model.base_model.config)
         side = model.side_channel
         per_shortcut = shortcut_flops(side.hidden_size, side.shortcut_rank)
         shortcut = {n: per_shortcut for n in range(2, model.n_blocks)} if side.shortcuts is not None else {}
+        # with a reference model (the original a pruned backbone came from), compute is a share of its layers
+        scale = 1.0 if reference is None else (len(decoder_layers(reference))
+                                               / len(decoder_layers(model.base_model)))
 
         def cost(skipped, lengths):
-            return executed_share(model.blocks, skipped, lengths, flops, shortcut)
+            executed, dense = executed_share(model.blocks, skipped, lengths, flops, shortcut)
+            return executed, dense * scale
 
         return cls(model, data, window, chunk_size, cost, output_head(model.base_model),
-                   {} if seen is None else seen, {} if hidden is None else hidden)
+                   {} if seen is None else seen, {} if hidden is None else hidden, reference)
 
     def references(self, rows: list[int]) -> dict[int, References]:
         """The group's reference logits, each model in one batched pass over the group's sequences. Their
@@ -324,10 +331,15 @@ class EvalContext:
         model, key = self.model, tuple(rows)
         if key not in self.hidden:
             ids = self.data.input_ids[rows].to(model_device(model))
-            with model.side_channel_disabled():
-                h_back = model(input_ids=ids, use_cache=False, hidden_only=True).last_hidden_state  # (G, T, d)
+            if self.reference is not None:
+                h_back = decoder_body(self.reference)(input_ids=ids, use_cache=False).last_hidden_state  # (G, T, d)
+            else:
+                with model.side_channel_disabled():
+                    h_back = model(input_ids=ids, use_cache=False, hidden_only=True).last_hidden_state
             self.hidden[key] = (h_back, model(input_ids=ids, use_cache=False, hidden_only=True).last_hidden_state)
-        z_back, z_full = (head_logits(h, self.head) for h in self.hidden[key])  # (G, T, V) each
+        back_head = self.head if self.reference is None else output_head(self.reference)
+        h_back, h_full = self.hidden[key]
+        z_back, z_full = head_logits(h_back, back_head), head_logits(h_full, self.head)  # (G, T, V) each
         out = {}
         for b, i in enumerate(rows):
             zb, zf = z_back[b : b + 1], z_full[b : b + 1]
@@ -339,8 +351,9 @@ class EvalContext:
     def tallies(self, method: Method, rows: list[int], refs: dict[int, References]) -> list[Tally]:
         """The method's tally on each sequence of `rows`, in order; planned decisions are scored in one batch."""
         model, T = self.model, self.data.input_ids.shape[1]
-        if method.is_backbone:  # its logits are the reference, computed once
-            return [_tally_of(refs[i].z_back, refs[i], [[]], [T], "backbone", self.cost) for i in rows]
+        if method.is_backbone:  # its logits are the reference, computed once; its compute the whole unit
+            cost = self.cost if self.reference is None else _whole
+            return [_tally_of(refs[i].z_back, refs[i], [[]], [T], "backbone", cost) for i in rows]
         if method.is_model:
             return self._model_tallies(method.scorer, rows, refs)
         if isinstance(method.policy, NoSkip):  # one pass, nothing skipped
@@ -394,18 +407,25 @@ class EvalContext:
                 for b, i in enumerate(rows)]
 
 
+def _whole(skipped, lengths) -> tuple[float, float]:
+    """The cost of the reference model itself: all of its compute."""
+    return float(sum(lengths)), float(sum(lengths))
+
+
 @torch.no_grad()
 def evaluate_methods(model: ReskipModel, data: Packed, methods: list[Method], window: int, chunk_size: int,
                      policy_file: PolicyFile | None = None, seed: int = 0, progress=None, group: int = 4,
-                     _context: EvalContext | None = None) -> dict[str, dict]:
+                     _context: EvalContext | None = None, reference: nn.Module | None = None) -> dict[str, dict]:
     """Every method on every sequence of `data`, `group` sequences at a time (their references held
     together). A method that reads no signal has its decisions planned first (`policies.plan`) and the
     group's sequences scored in one batch and one pass (`scoring.score_planned_whole`); a sequence already
     scored with exactly those decisions (by another method: static:2 and a budget of two whole blocks, static and
     influence picking the same block) is not scored again: its metrics are reused. A method that reads
     the routers' signal scores the group in one batch too, each row making its own decisions as it goes
-    (`scoring.score_rows`; one sequence at a time for a policy that is not `pure`)."""
-    context = _context or EvalContext.of(model, data, window, chunk_size)
+    (`scoring.score_rows`; one sequence at a time for a policy that is not `pure`). With a `reference` model (the
+    original a pruned backbone came from; the same tokenizer), the `backbone` row, KL, top-1 agreement and the
+    perplexity ratio are the reference's, and compute is a share of its layers."""
+    context = _context or EvalContext.of(model, data, window, chunk_size, reference=reference)
     expand = any(m.spec.kind == "matched" for m in methods)
     methods = [m for m in methods if m.spec.kind != "matched"]
     tallies = {m.name: Tally() for m in methods}

@@ -41,3 +41,8 @@ class EvalOptions(StageOptions):
     quiet: bool = described(False, "no progress bar")
     heldout: list[str] | None = described(None, "data specs of a source kept out of training and calibration "
                                                 "(e.g. kjv): every method on its test split too (the policy's drift)")
+    reference: str | None = described(None, "compare with this model instead of the run's backbone (the original "
+                                            "a pruned or healed backbone came from: a folder, a Hugging Face id in "
+                                            "the cache, a .gguf or smollm2-135m-instruct): its logits are the "
+                                            "references of KL, top-1 agreement, perplexity ratio and generation, its "
+                                            "layers the unit of compute; it must share the backbone's tokenizer")

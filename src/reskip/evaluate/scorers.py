@@ -24,7 +24,7 @@ from transformers import AutoModelForCausalLM
 from ..backbones.devices import model_device
 from ..backbones.dtypes import resolve_dtype
 from ..backbones.loading import load_backbone
-from ..baselines.arms import load_arm_model, read_arm
+from ..baselines.arms import arm_layers, load_arm_model, read_arm
 from ..baselines.export import read_record
 from ..baselines.pruning import BlockCosts, backbone_block_costs, prune
 from ..data.packing import Packed
@@ -89,8 +89,10 @@ def open_arm(spec: Spec, ctx: ScorerContext) -> ModelScorer:
     if (cfg.model or None) != (ctx.model or None):
         raise ReskipError(f"{spec.text}: the arm was trained on the backbone {cfg.model or 'default'!r}, the "
                           f"evaluation's is {ctx.model or 'default'!r}: compare methods of one backbone")
-    model, _ = load_arm_model(Path(spec.run), ctx.dtype, ctx.device, ctx.trust_remote_code)
-    return ModelScorer(model, list(arm.drop_layers), list(arm.drop_blocks), sum(len(b) for b in ctx.blocks))
+    depth = int(spec.k) if spec.kind == "nested" else None
+    model, _ = load_arm_model(Path(spec.run), ctx.dtype, ctx.device, ctx.trust_remote_code, depth)
+    blocks = arm.nested_blocks[:depth] if arm.nested else list(arm.drop_blocks)
+    return ModelScorer(model, arm_layers(arm, Path(spec.run), depth), blocks, sum(len(b) for b in ctx.blocks))
 
 
 def open_pruned(spec: Spec, ctx: ScorerContext) -> ModelScorer:
@@ -113,22 +115,38 @@ def open_export(spec: Spec, ctx: ScorerContext) -> ModelScorer:
     return ModelScorer(model.eval(), list(record["drop_layers"]), list(record["drop_blocks"]), n_layers)
 
 
-def opener(kind: str) -> Callable[[Spec, ScorerContext], ModelScorer]:
-    """The function `KINDS[kind].scorer` names."""
-    module, _, name = KINDS[kind].scorer.partition(":")
+def _named(where: str) -> Callable:
+    module, _, name = where.partition(":")
     return getattr(importlib.import_module(module), name)
 
 
+def opener(kind: str) -> Callable[[Spec, ScorerContext], ModelScorer]:
+    """The function `KINDS[kind].scorer` names."""
+    return _named(KINDS[kind].scorer)
+
+
+def check_export(spec: Spec) -> None:
+    """An exported folder has its record."""
+    read_record(Path(spec.run))
+
+
+def check_arm(spec: Spec) -> None:
+    """The folder is an arm of the spec's kind: a plain LoRA (lora:), one depth with layers removed (healed:) or
+    nested depths (nested:K, K among its depths)."""
+    _, arm = read_arm(Path(spec.run))
+    kind = "nested" if arm.nested else "healed" if arm.drop_layers else "lora"
+    if kind != spec.kind:
+        form = {"nested": f"nested:K:{spec.run} (K from 0 to {arm.depths})", "healed": f"healed:{spec.run}",
+                "lora": f"lora:{spec.run}"}[kind]
+        raise ReskipError(f"{spec.text}: the arm is a {kind} arm: score it as {form}")
+    if arm.nested:
+        arm.layers_at(int(spec.k))  # a depth it does not serve: one clear error
+
+
 def check_model_spec(spec: Spec) -> None:
-    """What can be checked of a model method before any weights load: its arm folder is an arm of its kind, an
-    exported folder has its record."""
-    if spec.kind == "export":
-        read_record(Path(spec.run))
-    if spec.kind in ("lora", "healed"):
-        _, arm = read_arm(Path(spec.run))
-        if (spec.kind == "healed") != bool(arm.drop_layers):
-            what = "removes no layer: score it as lora:" if spec.kind == "healed" else "removes layers: score it as healed:"
-            raise ReskipError(f"{spec.text}: the arm {what}{spec.run}")
+    """What can be checked of a model method before any weights load (its kind's `checker`)."""
+    if KINDS[spec.kind].checker:
+        _named(KINDS[spec.kind].checker)(spec)
 
 
 def open_scorer(spec: Spec, ctx: ScorerContext) -> ModelScorer:

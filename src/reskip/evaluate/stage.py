@@ -33,6 +33,8 @@ from ..io_atomic import atomic_write_json, atomic_write_text
 from ..skip.spec import Spec
 from ..stage_inputs import read_stage_inputs
 from ..backbones.devices import model_device
+from ..backbones.loading import load_backbone
+from ..compat import decoder_layers
 from ..skip.scoring import generate
 from .generation import agreement, continuations, prompt_ids
 from .methods import evaluate_methods, open_scorers, parse_methods
@@ -71,11 +73,12 @@ def evaluate_run(run, options: EvalOptions = EvalOptions()) -> Path:
         [list(b) for b in model.blocks],
         lambda: pack(tok, inputs.splits["calib"], seq_len, options.calib_sequences, seed=0))
     scorers = open_scorers([*methods, *mc_methods], scorer_context)
+    reference = _reference(options, tok, opened) if options.reference else None
 
     def run_methods(packed, method_list, desc: str) -> dict[str, dict]:
         bar = tqdm(total=len(packed), desc=desc, unit="seq", disable=options.quiet)
         out = evaluate_methods(model, packed, method_list, window, options.chunk_size, policy_file, options.seed,
-                               progress=lambda i, n: bar.update(1))
+                               progress=lambda i, n: bar.update(1), reference=reference)
         bar.close()
         return out
 
@@ -83,12 +86,13 @@ def evaluate_run(run, options: EvalOptions = EvalOptions()) -> Path:
           f"{describe(options.dtype, opened.device)} on {opened.device}", flush=True)
     results = run_methods(data, methods, "eval")
     mc = _multiple_choice(mc_methods, questions, model, tok, window)
-    generation = _generation(methods, model, tok, window, options.generation) if options.generation else None
+    generation = (_generation(methods, model, tok, window, options.generation, reference) if options.generation
+                  else None)
     out = {
         "meta": {"adapter": str(source.adapter_dir), "policy": str(source.policy_path) if policy_file else None,
                  "sequences": len(data), "seq_len": seq_len, "chunk_size": options.chunk_size, "window": window,
                  "n_blocks": model.n_blocks, "dtype": opened.dtype, "device": opened.device,
-                 "test_split": record["splits"]["test"], "data": specs},
+                 "test_split": record["splits"]["test"], "data": specs, "reference": options.reference},
         "methods": results,
         "multiple_choice": mc,
         **({"generation": generation} if generation else {}),
@@ -127,6 +131,17 @@ def _heldout_documents(options: EvalOptions, specs: list[str]) -> tuple[dict | N
     return splits, record
 
 
+def _reference(options: EvalOptions, tok, opened):
+    """The model the methods are compared with (`--reference`), refused unless it reads the same tokens."""
+    ref, ref_tok = load_backbone(options.reference, opened.dtype, options.trust_remote_code, opened.device)
+    if ref_tok.get_vocab() != tok.get_vocab():
+        raise ReskipError(f"--reference {options.reference}: its tokenizer is not the backbone's; KL and agreement "
+                          "compare distributions over the same tokens")
+    print(f"[eval] compared with the reference {options.reference} ({len(decoder_layers(ref))} layers), not the run's "
+          "backbone", flush=True)
+    return ref
+
+
 def _multiple_choice(mc_methods, questions: dict, model, tok, window: int) -> dict:
     """Each method's accuracy on each benchmark: the retrofit under its policy, the backbone, or a model of its own."""
     mc = {}
@@ -137,11 +152,14 @@ def _multiple_choice(mc_methods, questions: dict, model, tok, window: int) -> di
     return mc
 
 
-def _generation(methods, model, tok, window: int, max_new_tokens: int) -> dict:
-    """Every method's greedy continuations of the fixed prompts beside the backbone's (`evaluate.generation`)."""
+def _generation(methods, model, tok, window: int, max_new_tokens: int, reference=None) -> dict:
+    """Every method's greedy continuations of the fixed prompts beside the backbone's (`evaluate.generation`), or
+    beside the reference model's."""
     prompts = prompt_ids(tok)
 
     def backbone(ids, **kwargs):
+        if reference is not None:
+            return reference.generate(input_ids=ids.to(model_device(reference)), **kwargs)
         with model.side_channel_disabled():
             return model.generate(input_ids=ids.to(model_device(model)), **kwargs)
 

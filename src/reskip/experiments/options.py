@@ -9,7 +9,7 @@ from ..config_fields import described
 from ..device_names import DEVICE_HELP, DEVICE_PATTERN
 from ..stage_options import DTYPE_HELP, DTYPE_NAMES, PRESET_HELP, PRESETS, BackboneOptions
 
-EXPERIMENTS = ("variants", "block-size", "mix", "placement", "scale", "baselines")
+EXPERIMENTS = ("variants", "block-size", "mix", "placement", "scale", "baselines", "nested", "stacked")
 # The second source document's instance: 48 layers of d = 4096 at 4,096 tokens in bf16, 256 MiB of depth states.
 SOURCE_MEMORY_BYTES = 256 * 2**20
 
@@ -52,4 +52,6 @@ class ExperimentOptions(BackboneOptions):
                                 help="baselines: the healing objectives of the healed arms, each its own arms: ce "
                                      "(cross-entropy on the mix: healed-static:K), kd (KL(backbone || model) on every "
                                      "position: healed-static:K:kd), kd+ce")
+    depths: int = described(3, "nested: the deepest cut of the nested model (blocks removed; it serves 0 to this)",
+                            low=1)
     quiet: bool = described(False, "print only the results")

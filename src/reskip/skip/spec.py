@@ -27,6 +27,8 @@ Methods of `reskip eval` add these names:
 and the trained methods, each scored as its own model beside the run's (the same backbone, data and references):
     lora:RUN             a LoRA arm (`reskip experiment baselines`): the backbone with its trained LoRA
     healed:RUN           a healed arm: the backbone with the arm's layers removed and its LoRA
+    nested:K:RUN         a nested-depths arm at depth K: its first K blocks removed and its one LoRA (K = 0: the
+                         backbone itself)
     pruned:K             the backbone with its K middle blocks of lowest A(n) (measured on the backbone itself,
                          calibration split) removed, no healing
     export:DIR           a plain Hugging Face folder that `reskip export` or `reskip compress` wrote (its
@@ -106,6 +108,13 @@ def _run_folder(kind: str, text: str, args: list[str]) -> dict:
     return {"run": _one(kind, text, [":".join(args)] if args else [], "RUN")}
 
 
+def _depth_and_run(kind: str, text: str, args: list[str]) -> dict:
+    """K, then a folder (the rest of the text)."""
+    if len(args) < 2 or not args[1]:
+        raise SpecError(f"{kind} needs a depth and a folder, {kind}:K:RUN; got {text!r}")
+    return {"k": _number(args[0], int, "depth K (a whole number)", text, 0), **_run_folder(kind, text, args[1:])}
+
+
 @dataclass(frozen=True)
 class Kind:
     """One kind of spec: how it is written, what it means, how its arguments are read, whether it is a skip
@@ -122,6 +131,8 @@ class Kind:
     opens: str = "policy"
     trains: str | None = None  # the recipe that makes it (`train.trainee`): "retrofit", "lora"; None: nothing trains it
     scorer: str | None = None  # opens="model": "module:function" that opens it for scoring (`evaluate.scorers`)
+    # opens="model": "module:function" that checks what it names before any weights load (None: nothing to check)
+    checker: str | None = None
     measured_compute: bool = False  # its skips follow the input: compared with others at what it measured
 
 
@@ -138,16 +149,20 @@ KINDS = {
                     False, method_only=True, opens="expands"),
     "lora": Kind("lora:RUN", "a LoRA arm of `reskip experiment baselines`: the backbone with its LoRA",
                  _run_folder, False, method_only=True, opens="model", trains="lora",
-                 scorer="reskip.evaluate.scorers:open_arm"),
+                 scorer="reskip.evaluate.scorers:open_arm", checker="reskip.evaluate.scorers:check_arm"),
     "healed": Kind("healed:RUN", "a healed arm: the backbone with the arm's layers removed and its LoRA",
                    _run_folder, False, method_only=True, opens="model", trains="lora",
-                   scorer="reskip.evaluate.scorers:open_arm"),
+                   scorer="reskip.evaluate.scorers:open_arm", checker="reskip.evaluate.scorers:check_arm"),
+    "nested": Kind("nested:K:RUN", "a nested-depths arm (`reskip experiment nested`) at depth K: its first K blocks "
+                                   "removed, its one LoRA (K = 0: the backbone itself)", _depth_and_run, False,
+                   method_only=True, opens="model", trains="lora", scorer="reskip.evaluate.scorers:open_arm",
+                   checker="reskip.evaluate.scorers:check_arm"),
     "pruned": Kind("pruned:K", "the backbone's K middle blocks of lowest A(n) removed, no healing",
                    _whole_block_count, False, method_only=True, opens="model",
                    scorer="reskip.evaluate.scorers:open_pruned"),
     "export": Kind("export:DIR", "a plain Hugging Face folder written by `reskip export` or `reskip compress`",
                    _run_folder, False, method_only=True, opens="model", trains="lora",
-                   scorer="reskip.evaluate.scorers:open_export"),
+                   scorer="reskip.evaluate.scorers:open_export", checker="reskip.evaluate.scorers:check_export"),
     "none": Kind("none", "nothing skipped (the retrofit as it is)", _no_arguments, False),
     "reskip": Kind("reskip[:Q[:M]], reskip:budget=B[:held]",
                    "the calibrated ReSkip rule (tau_n at quantile Q of w_recent(n), at most M blocks per step), or "
@@ -180,7 +195,7 @@ class Spec:
     text: str
     quantile: float | None = None  # reskip
     max_skips: int | None = None  # reskip
-    k: float | None = None  # static, influence (an int unless fractional); sequence (an int)
+    k: float | None = None  # static, influence (an int unless fractional); sequence, pruned, nested (an int)
     p: float | None = None  # random
     budget: float | None = None  # reskip:budget=B
     held: bool = False  # reskip:budget=B:held

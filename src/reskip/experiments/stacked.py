@@ -1,0 +1,166 @@
+"""`reskip experiment stacked`: dynamic skipping stacked on the healed model. The `kd`-healed model with one block
+removed (the `nested` experiment's `kd-1` arm, exported as a plain model) becomes the frozen backbone of the
+retrofit (the standard recipe: side-channel, routers, the skip branch distilled from it); ReSkip on top at budgets
+of 0.25, 0.5 and 0.75 of its blocks per step reaches the compute between the static points (1 and 2 blocks of the
+original removed). Every method is compared with the *original* backbone (`reskip eval --reference`): KL per
+position, top-1 agreement, perplexity ratio, compute as a share of the original's layers.
+
+What a user would do instead at the same mean compute: per-sequence mixing of the two neighbouring static models
+(`kd-1` and `kd-2` of the nested experiment; a share f of the sequences served by the deeper cut, f chosen so the
+mean layer FLOPs equal the ReSkip point's). On the same sequences, stacked - mixture of KL and top-1 with 95%
+bootstrap intervals, on the test split and the held-out source. The room a per-token signal has on the healed
+model: the diagnose stage's signal test there (w_recent, a fitted cost probe and the hindsight oracle against
+random positions, per block), kept beside the result.
+
+Needs `reskip experiment nested` finished in the same OUT (its kd-1 and kd-2 arms and their rows).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+
+from ..analysis.statistics import bootstrap_mean_difference
+from ..backbones.loading import DEFAULT_BACKBONE
+from ..baselines.export import RECORD, export_run
+from ..calibrate.stage import calibrate_run
+from ..errors import ReskipError
+from ..evaluate.stage import evaluate_run
+from ..pipeline import PipelineConfig
+from ..reading import read_json
+from ..report.diagnose import diagnose_run
+from ..runs import RunFolder
+from ..skip.policy_file import PolicyFile
+from ..skip.spec import METHOD_KINDS, parse_specs
+from ..train.checkpoint import latest_checkpoint
+from ..train.loop import train_run
+from .baselines import arm_name, arm_slug
+from .options import ExperimentOptions
+from .record import claim
+
+BUDGETS = (0.25, 0.5, 0.75)  # blocks of the healed model per step: between the static points
+HELDOUT = "kjv"
+
+
+def run(options: ExperimentOptions, folder: Path, show=print) -> dict:
+    nested_dir = folder.parent / "nested"
+    if not (nested_dir / "results.json").is_file():
+        raise ReskipError(f"{nested_dir} has no results.json: run `reskip experiment nested` with the same --out "
+                          "first (its kd-1 and kd-2 arms are the static models this experiment stacks on and "
+                          "compares with)")
+    nested = read_json(nested_dir / "results.json")
+    arm = nested_dir / "arms" / arm_slug(arm_name("kd-1", nested["lr"]))
+    healed = folder / "healed-1"
+    if not (healed / RECORD).is_file():
+        show(f"[experiment stacked] exporting {arm} as the backbone of the retrofit")
+        export_run(arm, healed, "float32")
+    original = options.model or DEFAULT_BACKBONE
+    pc = PipelineConfig(trust_remote_code=options.trust_remote_code, preset=options.preset, model=str(healed),
+                        data=list(options.data), overrides={**options.overrides, "seed": options.seed},
+                        dtype=options.dtype, device=options.device)
+    pc.check()
+    run_dir = folder / "run"
+    files = RunFolder(run_dir)
+    if not files.summary.is_file():
+        show("[experiment stacked] training the retrofit on the healed model")
+        train_run(run_dir, pc.train_config(), resume=latest_checkpoint(run_dir) is not None,
+                  show_progress=not options.quiet, overwrite=True)
+    if not files.policy.is_file() or not set(BUDGETS) <= set(PolicyFile.load(files.policy).budgets()):
+        calibrate_run(run_dir, dataclasses.replace(pc.calibrate_options(), budgets=BUDGETS))
+    ev_path = folder / "eval" / "results.json"
+    if not ev_path.is_file():
+        methods = parse_specs(["backbone", "retrofit", "budgets"], METHOD_KINDS)
+        evaluate_run(run_dir, dataclasses.replace(pc.eval_options(), methods=methods, benchmarks=[], heldout=[HELDOUT],
+                                                  reference=original, out=str(folder / "eval")))
+    if not files.diagnostics.is_file():
+        show("[experiment stacked] the signal test on the healed model (oracle and probe headroom)")
+        diagnose_run(run_dir, pc.diagnose_options())
+    ev = read_json(ev_path)
+    splits = {"test": ev["methods"], HELDOUT: ev["heldout"]["methods"]}
+    points = {s: _points(rows, nested["rows"][s]) for s, rows in splits.items()}
+    out = {"experiment": "stacked", "preset": options.preset, "model": original, "data": list(pc.data),
+           "seed": options.seed, "healed_backbone": str(healed), "budgets": list(BUDGETS), "points": points,
+           "static": {s: {k: _summary(nested["rows"][s][k]) for k in ("kd-1", "kd-2")} for s in splits},
+           "signal_test": _signal(read_json(files.diagnostics)), "eval": str(ev_path),
+           "training": _training(pc)}
+    out["claims"] = [_claim(points, b) for b in BUDGETS]
+    out["tables"] = {f"Stacked ReSkip against the static mixture ({s})": _table(p) for s, p in points.items()}
+    return out
+
+
+def _summary(row: dict) -> dict:
+    return {k: row[k] for k in ("kl_to_backbone", "top1_agreement", "ppl_ratio", "flops_executed_share")}
+
+
+def _points(rows: dict, static: dict) -> list[dict]:
+    """Each budget point of the stacked model beside the mixture of kd-1 and kd-2 at its mean layer FLOPs (per
+    sequence: a share f of the sequences served by kd-2), with stacked - mixture and its 95% interval. The two
+    evaluations scored the same sequences against the same original (checked: equal per-sequence positions and
+    reference perplexity)."""
+    one, two = static["kd-1"], static["kd-2"]
+    back = rows["backbone"]["per_sequence"]
+    if back["positions"] != one["per_sequence"]["positions"] or not np.allclose(
+            back["nll"], static["backbone"]["per_sequence"]["nll"], rtol=1e-5):
+        raise ReskipError("the stacked eval and the nested experiment did not score the same sequences against the "
+                          "same original: rerun both with the same data, preset and dtype")
+    s1, s2 = one["flops_executed_share"], two["flops_executed_share"]
+    out = []
+    for name, r in rows.items():
+        if r["kind"] != "reskip" or "budget" not in r["arguments"]:
+            continue
+        f = min(max((s1 - r["flops_executed_share"]) / (s1 - s2), 0.0), 1.0)
+        counts = np.array(back["positions"], float)
+        mix = {m: (1 - f) * np.array(one["per_sequence"][m], float) + f * np.array(two["per_sequence"][m], float)
+               for m in ("kl", "agree")}
+        mine = {m: np.array(r["per_sequence"][m], float) for m in ("kl", "agree")}
+        out.append({"method": name, "budget": r["arguments"]["budget"], "mean_skipped": r["mean_skipped"],
+                    "flops_executed_share": r["flops_executed_share"], "kl": r["kl_to_backbone"],
+                    "top1": r["top1_agreement"], "ppl_ratio": r["ppl_ratio"], "mixture_share_kd2": f,
+                    "mixture_kl": float(mix["kl"].sum() / counts.sum()),
+                    "mixture_top1": float(mix["agree"].sum() / counts.sum()),
+                    "minus_mixture": {m: bootstrap_mean_difference(mine[k], mix[k], counts)
+                                      for m, k in (("kl", "kl"), ("top1", "agree"))}})
+    return out
+
+
+def _claim(points: dict, budget: float):
+    at = {s: next((p for p in ps if p["budget"] == budget), None) for s, ps in points.items()}
+    if any(p is None for p in at.values()):
+        return claim(f"stacked ReSkip at {budget:g} blocks per step is closer to the original than the static "
+                     "mixture", "the budget was out of the calibrated frontier's reach", None)
+    measured = "; ".join(f"{s}: KL {p['kl']:.3f} vs mixture {p['mixture_kl']:.3f}, difference "
+                         f"{p['minus_mixture']['kl']['mean']:+.3f} [{p['minus_mixture']['kl']['lo']:+.3f}, "
+                         f"{p['minus_mixture']['kl']['hi']:+.3f}] at {p['flops_executed_share']:.3f} of the layer FLOPs"
+                         for s, p in at.items())
+    return claim(f"stacked ReSkip at {budget:g} blocks of the healed model per step is closer to the original than "
+                 "the static mixture beyond the 95% interval on every split", measured,
+                 all(p["minus_mixture"]["kl"]["hi"] < 0 for p in at.values()))
+
+
+def _table(points: list[dict]) -> list[str]:
+    lines = ["| point | layer FLOPs | KL | top-1 | ppl / original | mixture: share kd-2 | mixture KL | mixture top-1 "
+             "| stacked - mixture: KL [95%] | top-1 [95%] |", "| --- |" + " --- |" * 9]
+    for p in points:
+        d = p["minus_mixture"]
+        lines.append(f"| {p['method']} | {p['flops_executed_share']:.3f} | {p['kl']:.4f} | {p['top1']:.3f} "
+                     f"| {p['ppl_ratio']:.3f} | {p['mixture_share_kd2']:.2f} | {p['mixture_kl']:.4f} "
+                     f"| {p['mixture_top1']:.3f} | " + " | ".join(
+                         f"{d[m]['mean']:+.4f} [{d[m]['lo']:+.4f}, {d[m]['hi']:+.4f}]" for m in ("kl", "top1")) + " |")
+    return lines
+
+
+def _signal(diagnostics: dict) -> dict | None:
+    st = diagnostics.get("signal_test")
+    if not st:
+        return None
+    return {"sentence": st["sentence"], "rates": st["rates"],
+            "blocks": [{"block": b["block"], "p": b["p"], "ppl_ratio": b["ppl_ratio"], "captured": b["captured"]}
+                       for b in st["blocks"]]}
+
+
+def _training(pc: PipelineConfig) -> dict:
+    cfg = pc.train_config()
+    return {"steps": cfg.steps, "batch_size": cfg.batch_size, "seq_len": cfg.seq_len,
+            "tokens": cfg.steps * cfg.batch_size * cfg.seq_len}
