@@ -239,3 +239,24 @@ def test_cli_refuses_bad_budgets_before_loading(tiny_run, capsys):
         assert main(["calibrate", "--adapter", str(run), "--budgets", bad]) == 2
         assert "--budgets" in capsys.readouterr().err
     assert main(["eval", "--adapter", str(run), "--heldout", str(run / "nothing-here")]) == 2
+
+
+def test_a_frontier_calibrated_for_fidelity_is_what_eval_measures_as_kl(budgeted):
+    """`budget_objective: kl`: each point's thresholds minimise KL to the backbone; its stored KL and skips are what
+    `reskip eval` measures with reskip:budget=B, and the chosen candidate is the one closer to the backbone."""
+    rm, pf, data = budgeted
+    b = calibrate_budgets(rm, data, (0.5, 1, 1.5), window=4, chunk_size=8, objective="kl")
+    assert b["objective"] == "kl"
+    pf.data["budgets"] = b
+    specs = [parse_spec(f"reskip:budget={p['budget']:g}") for p in b["frontier"]]
+    backbone = Method("backbone", None, Spec("backbone", "backbone"))
+    res = evaluate_methods(rm, data, [backbone, *parse_methods(specs, pf)], window=4, chunk_size=8)
+    for p in b["frontier"]:
+        r = res[f"reskip:budget={p['budget']:g}"]
+        assert r["kl_to_backbone"] == pytest.approx(p["measured"]["kl_to_backbone"], rel=1e-4)
+        assert r["mean_skipped"] == pytest.approx(p["measured"]["mean_skipped"])
+        assert p["measured"]["cost"] == min(c["measured"]["cost"] for c in p["candidates"].values())
+    for pts in b["curves"].values():
+        assert pts[-1]["cost"] > 0  # removing a block moves the model away from the backbone
+    with pytest.raises(ValueError, match="one of ppl, kl"):
+        calibrate_budgets(rm, data, (1,), window=4, chunk_size=8, objective="nll")

@@ -154,3 +154,21 @@ def test_the_nested_and_stacked_experiments_compare_with_what_a_user_would_do_in
             assert p["minus_mixture"]["kl"]["mean"] == pytest.approx(p["kl"] - p["mixture_kl"], abs=1e-6)
     assert s["signal_test"] is None or s["signal_test"]["blocks"]
     assert len(s["claims"]) == 3
+
+    assert main(["experiment", "frontier", *common]) == 0
+    f = json.loads((out / "experiments" / "frontier" / "results.json").read_text())
+    policy = json.loads((out / "experiments" / "frontier" / "recipe-backbone-teacher" / "policy.json").read_text())
+    assert policy["budgets"]["objective"] == "kl"
+    config = (out / "experiments" / "frontier" / "recipe-backbone-teacher" / "config.yaml").read_text()
+    assert "full_objective: kd" in config
+    for split in ("test", "kjv"):
+        points = f["splits"][split]
+        assert points["backbone"]["kind"] == "static" and points["kd-2"]["kind"] == "static"
+        assert {"nested:1", "nested:2"} <= set(points) and any(n.startswith("stacked ") for n in points)
+        assert any(n.startswith("backbone-teacher reskip:budget=") for n in points)
+        for p in points.values():
+            if "minus_mixture" in p:
+                assert p["minus_mixture"]["kl"]["mean"] == pytest.approx(p["kl_to_backbone"] - p["mixture"]["kl"],
+                                                                         abs=1e-6)
+    assert (out / "experiments" / "frontier" / "frontier.png").stat().st_size > 1000
+    assert "Fidelity against compute (kjv)" in (out / "experiments" / "frontier" / "results.md").read_text()

@@ -33,7 +33,7 @@ import torch
 
 from ..backbones.devices import model_device
 from ..data.packing import Packed
-from ..losses import ce_sum
+from ..losses import ce_sum, kl_sum, teacher_targets
 from ..ar_retrofit.model import ReskipModel
 from ..skip.window import sliding_mean
 from ..skip.policy_file import policy_of_allocation
@@ -57,9 +57,10 @@ def step_positions(step_mask: torch.Tensor, length: int, chunk_size: int) -> tor
 @dataclass
 class Curves:
     """What step 1 measured. signals: block -> (N, S) step signals of the full model.
-    points: block -> [(share, cost)] from (0, 0) up, cost in nats per target over the full model."""
+    points: block -> [(share, cost)] from (0, 0) up, cost in nats per target (`kl`: per position) over the full
+    model."""
 
-    ce_full: float  # nats per target
+    ce_full: float  # nats per target (`kl`: the full model's KL to the backbone per position)
     signals: dict[int, torch.Tensor]
     points: dict[int, list[tuple[float, float]]]
 
@@ -72,17 +73,45 @@ def threshold(signals: torch.Tensor | list[float], share: float) -> float | None
     return float(np.quantile(values, 1.0 - share))
 
 
+OBJECTIVES = ("ppl", "kl")  # what the frontier minimises: the calibration loss, or KL to the backbone
+
+
+class Loss:
+    """The cost a frontier minimises, summed over a batch and normalised once: `ppl` is the next-token CE per
+    labelled target (its exp the perplexity ratio); `kl` is KL(backbone || model) per position (fidelity to the
+    backbone: the side-channel off is the backbone, bit for bit), whose teacher is one more pass per batch."""
+
+    def __init__(self, model: ReskipModel, objective: str):
+        if objective not in OBJECTIVES:
+            raise ValueError(f"budget objective {objective!r}: one of {', '.join(OBJECTIVES)}")
+        self.model, self.objective = model, objective
+
+    def teacher(self, ids):
+        if self.objective != "kl":
+            return None
+        with self.model.side_channel_disabled():
+            return self.model(input_ids=ids, use_cache=False).logits  # (B, T, V): the backbone's
+
+    def __call__(self, logits, labels, teacher) -> float:
+        return ce_sum(logits, labels).item() if teacher is None else kl_sum(teacher, logits).item()
+
+    def count(self, data: Packed) -> int:
+        return int((data.labels[:, 1:] != -100).sum()) if self.objective == "ppl" else data.input_ids.numel()
+
+
 @torch.no_grad()
 def cost_curves(model: ReskipModel, data: Packed, window: int, chunk_size: int, levels=LEVELS,
-                batch_size: int = 4) -> Curves:
+                batch_size: int = 4, objective: str = "ppl") -> Curves:
     n_blocks, length = model.n_blocks, data.input_ids.shape[1]
     ends = chunk_ends(length, chunk_size)
-    ce_full, n_targets = 0.0, int((data.labels[:, 1:] != -100).sum())
+    loss = Loss(model, objective)
+    ce_full, cost_full, n_targets = 0.0, 0.0, int((data.labels[:, 1:] != -100).sum())
     signals: dict[int, list[torch.Tensor]] = {n: [] for n in range(2, n_blocks + 1)}
     batches = list(data.batches(batch_size, model_device(model)))
     for ids, labels in batches:
         out = model(input_ids=ids, use_cache=False, output_alphas=True)
         ce_full += ce_sum(out.logits, labels).item()
+        cost_full += loss(out.logits, labels, loss.teacher(ids))
         for n, alpha in out.alphas.items():  # (B, T, n)
             signals[n].append(sliding_mean(alpha[..., -1].float(), window)[:, ends])  # (B, S)
     stacked = {n: torch.cat(s) for n, s in signals.items()}
@@ -94,6 +123,8 @@ def cost_curves(model: ReskipModel, data: Packed, window: int, chunk_size: int, 
     # split, known only after the first loop, and keeping every batch's states instead would hold
     # N x T x d x (2N_blocks) floats (some 300 MB at the standard preset).
     for ids, labels in batches:
+        teacher = loss.teacher(ids)
+        teacher = None if teacher is None else teacher_targets(teacher)  # once per batch, for every (block, share)
         with model.capturing() as captured:
             model(input_ids=ids, use_cache=False)
             cap = captured()
@@ -105,10 +136,11 @@ def cost_curves(model: ReskipModel, data: Packed, window: int, chunk_size: int, 
                 share[n, f] += float(steps.float().sum())
                 # blocks 1..n-1 are not rerun: the stream starts from the captured h_{n-1}
                 with model.continuing(cap, n - 1), model.skipping_positions({n: step_positions(steps, length, chunk_size)}):
-                    ce[n, f] += ce_sum(model(input_ids=ids, use_cache=False).logits, labels).item()
+                    ce[n, f] += loss(model(input_ids=ids, use_cache=False).logits, labels, teacher)
         row += len(ids)
     total_steps = len(data) * len(ends)
-    points = {n: [(0.0, 0.0)] + [(share[n, f] / total_steps, (ce[n, f] - ce_full) / n_targets) for f in levels]
+    per = loss.count(data)  # the objective's normaliser: targets (ppl) or positions (kl)
+    points = {n: [(0.0, 0.0)] + [(share[n, f] / total_steps, (ce[n, f] - cost_full) / per) for f in levels]
               for n in stacked}
     return Curves(ce_full / n_targets, stacked, points)
 
@@ -169,7 +201,7 @@ def blocks_of(shares: dict[int, float], signals: dict[int, torch.Tensor | list[f
 
 @torch.no_grad()
 def measure(model: ReskipModel, data: Packed, blocks: dict[str, dict], window: int, chunk_size: int,
-            batch_size: int = 4) -> dict:
+            batch_size: int = 4, objective: str = "ppl") -> dict:
     """Run an allocation as `reskip eval` runs a policy (`batch_size` sequences per batch, each row making
     its own decisions in chunks with the exact cache, `scoring.score_rows`; an allocation of whole blocks
     reads no signal and runs as one cache-free pass, `scoring.score_planned_whole`): its loss, mean skips
@@ -181,7 +213,8 @@ def measure(model: ReskipModel, data: Packed, blocks: dict[str, dict], window: i
     one pass per signal-read block, this one pass in all. In bfloat16, with each decision pass stopped
     after its block, it took as long as the batched chunks, which cost about two whole passes.)"""
     policy = policy_of_allocation(blocks, "budget")
-    ce, n_targets, skipped, steps = 0.0, 0, 0, 0
+    loss = Loss(model, objective)
+    ce, cost, skipped, steps = 0.0, 0.0, 0, 0
     seen: dict[int, list[float]] = {n: [] for n in policy.eligible if n not in policy.always}
     planned = plan(policy, model.n_blocks, len(chunk_ends(data.input_ids.shape[1], chunk_size)))
     for ids, labels in data.batches(batch_size, model_device(model)):
@@ -189,41 +222,49 @@ def measure(model: ReskipModel, data: Packed, blocks: dict[str, dict], window: i
             logits, traces = score_planned_whole(model, ids, [planned] * len(ids), chunk_size)
         else:
             logits, traces = score_rows(model, ids, policy, window, chunk_size)
+        teacher = loss.teacher(ids)
         for b, trace in enumerate(traces):  # in sequence order, so the signals are listed as one at a time
             ce += ce_sum(logits[b : b + 1], labels[b : b + 1]).item()
+            cost += loss(logits[b : b + 1], labels[b : b + 1], teacher[b : b + 1]) if teacher is not None else 0.0
             skipped += sum(len(t.skipped) for t in trace)
             steps += len(trace)
             for t in trace:
                 for n, w in t.w_recent.items():
                     seen[n].append(w)
-        n_targets += int((labels[:, 1:] != -100).sum())
-    return {"ce": ce / n_targets, "mean_skipped": skipped / steps, "signals": seen}
+    n_targets = int((data.labels[:, 1:] != -100).sum())
+    out = {"ce": ce / n_targets, "mean_skipped": skipped / steps, "signals": seen}
+    out["cost"] = out["ce"] if objective == "ppl" else cost / loss.count(data)
+    return out
 
 
-def _measure_refit(model, data, blocks: dict, window: int, chunk_size: int, batch_size: int
+def _measure_refit(model, data, blocks: dict, window: int, chunk_size: int, batch_size: int, objective: str
                    ) -> tuple[dict, dict]:
     """Measure an allocation; if it reads any signal, re-read its thresholds from the signals seen under
     it (skipping earlier blocks moves later routers' alpha) and measure again. (blocks, measurement)."""
-    first = measure(model, data, blocks, window, chunk_size, batch_size)
+    first = measure(model, data, blocks, window, chunk_size, batch_size, objective)
     if all(blk["tau"] is None for blk in blocks.values()):
         return blocks, first
     refit = {n: {"fraction": blk["fraction"],
                  "tau": None if blk["tau"] is None else threshold(first["signals"][int(n)], blk["fraction"])}
              for n, blk in blocks.items()}
-    return refit, measure(model, data, refit, window, chunk_size, batch_size)
+    return refit, measure(model, data, refit, window, chunk_size, batch_size, objective)
 
 
-def _measured(m: dict, ce_full: float) -> dict:
-    return {"ce": m["ce"], "ppl_ratio": math.exp(m["ce"] - ce_full), "mean_skipped": m["mean_skipped"]}
+def _measured(m: dict, ce_full: float, objective: str) -> dict:
+    """A frontier point's measurement: its CE (nats per target) and perplexity / the full model's, and with `kl`
+    its KL to the backbone per position (`cost`: the one it minimised)."""
+    return {"ce": m["ce"], "ppl_ratio": math.exp(m["ce"] - ce_full), "mean_skipped": m["mean_skipped"],
+            "cost": m["cost"], **({"kl_to_backbone": m["cost"]} if objective == "kl" else {})}
 
 
 def calibrate_budgets(model: ReskipModel, data: Packed, budgets, window: int, chunk_size: int, levels=LEVELS,
-                      batch_size: int = 4, progress=None) -> dict:
-    """The `budgets` section of policy.json: the cost curves and one frontier point per reachable budget."""
+                      batch_size: int = 4, progress=None, objective: str = "ppl") -> dict:
+    """The `budgets` section of policy.json: the cost curves and one frontier point per reachable budget, each
+    minimising `objective` (`OBJECTIVES`: perplexity, or KL to the backbone)."""
     was_training = model.training
     model.eval()
     t0 = time.perf_counter()
-    curves = cost_curves(model, data, window, chunk_size, levels, batch_size)
+    curves = cost_curves(model, data, window, chunk_size, levels, batch_size, objective)
     curves_s = time.perf_counter() - t0
     path = greedy_path(curves.points)
     frontier, unreachable = [], []
@@ -235,15 +276,15 @@ def calibrate_budgets(model: ReskipModel, data: Packed, budgets, window: int, ch
         shares, predicted = found
         t0 = time.perf_counter()
         signal_blocks, measured = _measure_refit(model, data, blocks_of(shares, curves.signals), window, chunk_size,
-                                                 batch_size)
+                                                 batch_size, objective)
         candidates = {"signal": {"blocks": signal_blocks, "predicted_cost": predicted,
-                                 "measured": _measured(measured, curves.ce_full)}}
+                                 "measured": _measured(measured, curves.ce_full, objective)}}
         static = static_at(curves.points, b)
         if static is not None:
             static_blocks, measured = _measure_refit(model, data, blocks_of(static, curves.signals), window,
-                                                     chunk_size, batch_size)
-            candidates["static"] = {"blocks": static_blocks, "measured": _measured(measured, curves.ce_full)}
-        chosen = min(candidates, key=lambda k: candidates[k]["measured"]["ce"])
+                                                     chunk_size, batch_size, objective)
+            candidates["static"] = {"blocks": static_blocks, "measured": _measured(measured, curves.ce_full, objective)}
+        chosen = min(candidates, key=lambda k: candidates[k]["measured"]["cost"])
         frontier.append({"budget": b, "chosen": chosen, "blocks": candidates[chosen]["blocks"],
                          "measured": candidates[chosen]["measured"], "candidates": candidates,
                          "wall_s": time.perf_counter() - t0})
@@ -253,6 +294,7 @@ def calibrate_budgets(model: ReskipModel, data: Packed, budgets, window: int, ch
     return {
         "chunk_size": chunk_size,
         "window": window,
+        "objective": objective,
         "levels": list(levels),
         "sequences": len(data),
         "ce_full": curves.ce_full,

@@ -26,3 +26,6 @@ class CalibrateOptions(StageOptions):
         help="the budget frontier: target mean blocks skipped per step (empty: no frontier), measured with steps "
              "of chunk_size tokens as `reskip eval` scores; used by reskip:budget=B")
     chunk_size: int = described(32, "tokens per step when the budgets are measured, as reskip eval scores", low=1)
+    budget_objective: str = described("ppl", "what each budget's thresholds minimise on the calibration split: ppl "
+                                             "(the calibration loss) or kl (KL to the backbone per position: fidelity "
+                                             "to the model the retrofit came from)", choices=("ppl", "kl"))

@@ -49,9 +49,9 @@ def _calibrate(inputs: StageInputs, options: CalibrateOptions, out: Path) -> Non
     policy.data["calibration"]["device"] = opened.device
     if options.budgets:
         print(f"[calibrate] budget frontier at {', '.join(f'{b:g}' for b in options.budgets)} blocks per step "
-              f"(steps of {options.chunk_size} tokens)", flush=True)
+              f"(steps of {options.chunk_size} tokens), minimising {options.budget_objective}", flush=True)
         policy.data["budgets"] = calibrate_budgets(opened.model, data, options.budgets, options.window,
-                                                   options.chunk_size)
+                                                   options.chunk_size, objective=options.budget_objective)
         policy.validate(opened.model.n_blocks)
         for b in policy.data["budgets"]["unreachable"]:
             print(f"warning: budget {b:g} is out of reach: this model has {opened.model.n_blocks - 1} blocks "

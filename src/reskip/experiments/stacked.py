@@ -22,7 +22,6 @@ from pathlib import Path
 
 import numpy as np
 
-from ..analysis.statistics import bootstrap_mean_difference
 from ..backbones.loading import DEFAULT_BACKBONE
 from ..baselines.export import RECORD, export_run
 from ..calibrate.stage import calibrate_run
@@ -39,6 +38,7 @@ from ..train.loop import train_run
 from .baselines import arm_name, arm_slug
 from .options import ExperimentOptions
 from .record import claim
+from .static_mixture import minus_mixture, mixture, same_sequences
 
 BUDGETS = (0.25, 0.5, 0.75)  # blocks of the healed model per step: between the static points
 HELDOUT = "kjv"
@@ -99,29 +99,23 @@ def _points(rows: dict, static: dict) -> list[dict]:
     sequence: a share f of the sequences served by kd-2), with stacked - mixture and its 95% interval. The two
     evaluations scored the same sequences against the same original (checked: equal per-sequence positions and
     reference perplexity)."""
-    one, two = static["kd-1"], static["kd-2"]
-    back = rows["backbone"]["per_sequence"]
-    if back["positions"] != one["per_sequence"]["positions"] or not np.allclose(
-            back["nll"], static["backbone"]["per_sequence"]["nll"], rtol=1e-5):
-        raise ReskipError("the stacked eval and the nested experiment did not score the same sequences against the "
-                          "same original: rerun both with the same data, preset and dtype")
-    s1, s2 = one["flops_executed_share"], two["flops_executed_share"]
+    pair = {k: static[k] for k in ("kd-1", "kd-2")}
+    same_sequences(rows["backbone"], pair["kd-1"])
+    if not np.allclose(rows["backbone"]["per_sequence"]["nll"], static["backbone"]["per_sequence"]["nll"], rtol=1e-5):
+        raise ReskipError("the stacked eval and the nested experiment did not score against the same original: "
+                          "rerun both with the same model, preset and dtype")
     out = []
     for name, r in rows.items():
         if r["kind"] != "reskip" or "budget" not in r["arguments"]:
             continue
-        f = min(max((s1 - r["flops_executed_share"]) / (s1 - s2), 0.0), 1.0)
-        counts = np.array(back["positions"], float)
-        mix = {m: (1 - f) * np.array(one["per_sequence"][m], float) + f * np.array(two["per_sequence"][m], float)
-               for m in ("kl", "agree")}
-        mine = {m: np.array(r["per_sequence"][m], float) for m in ("kl", "agree")}
+        # outside the two static points' compute the mixture is the nearer one itself
+        share = min(max(r["flops_executed_share"], pair["kd-2"]["flops_executed_share"]),
+                    pair["kd-1"]["flops_executed_share"])
+        mix = mixture(pair, share)
         out.append({"method": name, "budget": r["arguments"]["budget"], "mean_skipped": r["mean_skipped"],
                     "flops_executed_share": r["flops_executed_share"], "kl": r["kl_to_backbone"],
-                    "top1": r["top1_agreement"], "ppl_ratio": r["ppl_ratio"], "mixture_share_kd2": f,
-                    "mixture_kl": float(mix["kl"].sum() / counts.sum()),
-                    "mixture_top1": float(mix["agree"].sum() / counts.sum()),
-                    "minus_mixture": {m: bootstrap_mean_difference(mine[k], mix[k], counts)
-                                      for m, k in (("kl", "kl"), ("top1", "agree"))}})
+                    "top1": r["top1_agreement"], "ppl_ratio": r["ppl_ratio"], "mixture_share_kd2": mix["share_deeper"],
+                    "mixture_kl": mix["kl"], "mixture_top1": mix["top1"], "minus_mixture": minus_mixture(r, mix)})
     return out
 
 

@@ -372,3 +372,33 @@ def fig_baselines(result: dict):
                "blocks removed without healing (pruned) and healed by that LoRA. One seed, 16 sequences per split: "
                "the intervals of the differences are in the table, not in the figure.")
     return "Baselines: quality against compute", _png(fig), caption
+
+
+def fig_fidelity_frontier(result: dict):
+    """KL to the backbone against layer FLOPs, one panel per split: the static healed models joined by their
+    per-sequence mixtures (a line), and every other point by its family."""
+    splits = list(result["splits"])
+    fig, axes = plt.subplots(1, len(splits), figsize=(6.5 * len(splits), 4.5), constrained_layout=True)
+    styles = {"nested": ("tab:green", "s"), "backbone-teacher": ("tab:purple", "^"), "stacked": ("tab:red", "D")}
+    for ax, split in zip(np.atleast_1d(axes), splits):
+        points = result["splits"][split]
+        static = sorted((p["flops_executed_share"], p["kl_to_backbone"], n) for n, p in points.items()
+                        if p["kind"] == "static")
+        ax.plot([s for s, _, _ in static], [k for _, k, _ in static], color="black", marker="o",
+                label="static kd-healed (and mixtures)")
+        for s, k, n in static:
+            ax.annotate(n, (s, k), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        for family, (color, marker) in styles.items():
+            mine = [(p["flops_executed_share"], p["kl_to_backbone"]) for n, p in points.items()
+                    if p["kind"] == "dynamic" and n.split(":")[0].split(" ")[0] == family]
+            if mine:
+                ax.scatter(*zip(*mine), color=color, marker=marker, label=family, zorder=3)
+        ax.set_xlabel("share of the backbone's layer FLOPs executed")
+        ax.set_ylabel("KL(backbone || model) per position")
+        ax.set_title(split)
+        ax.invert_xaxis()
+        _legend_below(ax, ncol=2)
+    caption = ("Fidelity to the backbone against the compute spent. The black line joins the separately kd-healed "
+               "static models: a point on it is their per-sequence mixture. A point below the line is closer to the "
+               "backbone than what a user with static models gets at that compute; the intervals are in the table.")
+    return "Fidelity against compute", _png(fig), caption
