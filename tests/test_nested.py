@@ -172,3 +172,19 @@ def test_the_nested_and_stacked_experiments_compare_with_what_a_user_would_do_in
                                                                          abs=1e-6)
     assert (out / "experiments" / "frontier" / "frontier.png").stat().st_size > 1000
     assert "Fidelity against compute (kjv)" in (out / "experiments" / "frontier" / "results.md").read_text()
+
+    assert main(["experiment", "depth-request", *common]) == 0
+    d = json.loads((out / "experiments" / "depth-request" / "results.json").read_text())
+    assert d["signal"] in ("prompt_nll", "prompt_entropy", "prompt_gap") and d["prompt_tokens"] == 4
+    for split in ("test", "kjv"):
+        rows = d["splits"][split]
+        assert [r["target"] for r in rows] == [0.5, 1.0, 1.5]
+        for r in rows:
+            assert r["oracle"]["kl"] <= r["mixture"]["kl"] + 1e-9  # hindsight is the ceiling at the same mean
+            assert 0 <= r["mean_depth"] <= 2
+            m = r["routed_minus_mixture"]["kl"]
+            assert m["mean"] == pytest.approx(r["routed"]["kl"] - r["mixture"]["kl"], abs=1e-6)
+        whole = next(r for r in rows if r["target"] == 1.0)
+        assert whole["routed"]["kl"] == pytest.approx(whole["mixture"]["kl"])  # a whole depth: no choice to make
+    g = d["generation"]
+    assert g["prompts"] == 16 and all(0 <= r["prefix_share"]["routed"] <= 1 for r in g["targets"])

@@ -89,4 +89,5 @@ def agreement(tokenizer, reference: list[list[int]], other: list[list[int]]) -> 
         prefix.append(n / max(1, len(a), len(b)))  # 1 only when the two continuations are the same
         same.append(first_sentence(tokenizer, a) == first_sentence(tokenizer, b))
     return {"prompts": len(reference), "prefix_share": sum(prefix) / len(prefix),
-            "same_first_sentence": sum(same) / len(same), "per_prompt_prefix": prefix}
+            "same_first_sentence": sum(same) / len(same), "per_prompt_prefix": prefix,
+            "per_prompt_same": [int(x) for x in same]}

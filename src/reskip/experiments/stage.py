@@ -10,14 +10,15 @@ from pathlib import Path
 from ..config_fields import check_fields
 from ..errors import ReskipError
 from ..runs import RunFolder
-from . import baselines, block_size, frontier, mix, nested, placement, scale, stacked, variants
+from . import baselines, block_size, depth_request, frontier, mix, nested, placement, scale, stacked, variants
 from .options import EXPERIMENTS, ExperimentOptions
 from .record import write
 
 DEFAULT_OUT = "runs/experiments"
 # The one table of experiments (its names are `options.EXPERIMENTS`, which the CLI reads without torch).
 MODULES = {"variants": variants, "block-size": block_size, "mix": mix, "placement": placement, "scale": scale,
-           "baselines": baselines, "nested": nested, "stacked": stacked, "frontier": frontier}
+           "baselines": baselines, "nested": nested, "stacked": stacked, "frontier": frontier,
+           "depth-request": depth_request}
 
 
 def folder_of(options: ExperimentOptions) -> Path:
