@@ -188,3 +188,43 @@ def test_the_nested_and_stacked_experiments_compare_with_what_a_user_would_do_in
         assert whole["routed"]["kl"] == pytest.approx(whole["mixture"]["kl"])  # a whole depth: no choice to make
     g = d["generation"]
     assert g["prompts"] == 16 and all(0 <= r["prefix_share"]["routed"] <= 1 for r in g["targets"])
+
+
+def test_generate_serves_a_nested_arm_at_a_depth(nested_run, capsys):
+    tmp, *_ = nested_run
+    run = tmp / "nested"
+    assert main(["generate", str(run), "w3 w4 w5", "--depth", "1", "--max-new-tokens", "3", "--raw"]) == 0
+    assert "depth 1, 5 of 6 layers run at every step (1 removed)" in capsys.readouterr().out
+    for argv, message in ((["--depth", "3"], "serves depths 0 to 2"), ([], "say which depth")):
+        assert main(["generate", str(run), "w3", *argv]) == 2
+        assert message in capsys.readouterr().err
+
+
+def test_the_lm_eval_plug_in_serves_an_arm_and_reads_its_arguments_once(nested_run):
+    """`--model reskip-arm`: a nested arm at a depth as its merged plain model; bad model_args are one clear error
+    each, before any weights load, and the console entry point turns them into one line and exit 2."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("lm_eval")
+    from reskip.errors import ReskipError
+    from reskip.evaluate.lm_eval_model import ReskipArmLM, ReskipLM
+
+    tmp, *_ = nested_run
+    run = str(tmp / "nested")
+    lm = ReskipArmLM(arm=run, depth="1", dtype="float32", batch_size=1)
+    assert lm.model.config.num_hidden_layers == 5
+    for kwargs, message in (({"depth": "abc"}, "depth=abc: a whole number"), ({"depth": "7"}, "serves depths 0 to 2"),
+                            ({"depth": "1", "dtype": "float16"}, "dtype=float16: one of"),
+                            ({"depth": "1", "device": "mps"}, "--device mps"), ({"arm": ""}, "needs arm=RUN")):
+        with pytest.raises(ReskipError, match=message):
+            ReskipArmLM(**{"arm": run, **kwargs})
+    with pytest.raises(ReskipError, match="needs adapter=RUN"):
+        ReskipLM()
+    with pytest.raises(ReskipError, match="window=0: a whole number >= 1"):
+        ReskipLM(adapter=run, window="0")
+    proc = subprocess.run([sys.executable, "-m", "reskip.evaluate.lm_eval_model", "--model", "reskip-arm",
+                           "--model_args", f"arm={run},depth=abc", "--tasks", "hellaswag"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == "error: --model_args depth=abc: a whole number >= 0"

@@ -73,6 +73,15 @@ def arm_config_text(cfg: TrainConfig, arm: LoraArm) -> str:
     return yaml.safe_dump({"train": cfg.to_dict(), "lora": dataclasses.asdict(arm)}, sort_keys=False)
 
 
+def is_arm(run_dir: Path) -> bool:
+    """The folder is a baseline arm (its config.yaml holds `lora:`), not a retrofit run."""
+    path = RunFolder(run_dir).config
+    if not path.is_file():
+        return False
+    data = read_yaml(path, load_yaml)
+    return isinstance(data, dict) and "lora" in data
+
+
 def read_arm(run_dir: Path) -> tuple[TrainConfig, LoraArm]:
     """A baseline run's config.yaml -> (TrainConfig, LoraArm)."""
     if not RunFolder(run_dir).config.is_file():

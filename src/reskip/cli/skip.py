@@ -4,6 +4,8 @@ Library imports happen inside the handlers (marked `lazy:`) so that `reskip --he
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ..errors import ReskipError
 from ..calibrate.options import CalibrateOptions
 from ..skip.generate_options import GenerateOptions
@@ -49,6 +51,13 @@ def cmd_generate(args) -> int:
         args.prompt.encode("utf-8")
     except UnicodeEncodeError:
         raise ReskipError("the prompt is not valid UTF-8 text (it holds undecodable bytes); pass it as UTF-8") from None
+    from ..baselines.arms import is_arm
+
+    if is_arm(Path(args.adapter)):
+        return _generate_arm(Path(args.adapter), args.prompt, o)
+    if o.depth is not None:
+        raise ReskipError(f"--depth serves a trained arm at a depth; {args.adapter} is not an arm (a nested arm of "
+                          "`reskip experiment nested` serves depths 0 to K)")
     spec = parse_spec(o.policy, allow_path=True)
     from ..skip.scoring import generate_text  # lazy: torch
     from ..skip.inference_run import open_run  # lazy: torch
@@ -63,6 +72,31 @@ def cmd_generate(args) -> int:
     print(f"\n[{policy.describe()['policy']}] blocks skipped per step (prefill first), of {opened.model.n_blocks}:")
     print(" ".join(str(k) for k in per_step))
     print(f"mean {sum(per_step) / max(1, len(per_step)):.2f} blocks skipped per step")
+    return 0
+
+
+def _generate_arm(run: Path, prompt: str, o: GenerateOptions) -> int:
+    """A trained arm as the plain model it exports (a nested arm at `o.depth`): its reply and how many layers ran."""
+    import torch  # lazy
+
+    from ..baselines.arms import arm_layers, load_arm_model, read_arm
+    from ..skip.scoring import encode_prompt
+
+    cfg, arm = read_arm(run)
+    drop = arm_layers(arm, run, o.depth)  # a depth the arm does not serve: refused before the model loads
+    model, tok = load_arm_model(run, o.dtype, o.device, o.trust_remote_code, depth=o.depth)
+    enc = encode_prompt(tok, prompt, o.raw, getattr(model.config, "max_position_embeddings", None), o.max_new_tokens)
+    torch.manual_seed(o.seed)
+    device = next(model.parameters()).device
+    sampling = {"do_sample": True, "temperature": o.temperature, "top_p": o.top_p} if o.sample else {"do_sample": False}
+    with torch.no_grad():
+        out = model.generate(input_ids=enc.input_ids.to(device), attention_mask=enc.attention_mask.to(device),
+                             max_new_tokens=o.max_new_tokens, pad_token_id=tok.pad_token_id or tok.eos_token_id,
+                             **sampling)
+    print(tok.decode(out[0, enc.input_ids.shape[1]:], skip_special_tokens=True))
+    n = len(drop) + model.config.num_hidden_layers
+    depth = f"depth {o.depth}, " if arm.nested else ""
+    print(f"\n[{run.name}] {depth}{n - len(drop)} of {n} layers run at every step ({len(drop)} removed)")
     return 0
 
 

@@ -1,4 +1,6 @@
-"""lm-evaluation-harness plug-in: `--model reskip --model_args adapter=RUN,policy=reskip`.
+"""lm-evaluation-harness plug-in: `--model reskip --model_args adapter=RUN,policy=reskip` (a retrofit run under a
+skip policy), and `--model reskip-arm --model_args arm=RUN,depth=K` (a trained arm as the plain model it exports;
+a nested arm at depth K).
 
 `ReskipLM` subclasses the harness's own `HFLM` and hands it the retrofitted model (its
 decoder layers are wrapped in place, so HFLM's forward and generate run through the
@@ -14,28 +16,56 @@ reskip adds no .pth file.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import torch
 from lm_eval.__main__ import cli_evaluate
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM  # imports the harness's model table first: a registry
 # that is not empty is never filled with the harness's own models, so ours must come after them
 
+from ..stage_options import DTYPE_NAMES
+from ..device_names import DEVICE_PATTERN
+from ..errors import ReskipError
 from ..skip.inference_run import open_run
 from ..skip.spec import parse_spec
 
 
+def _whole(name: str, value, low: int) -> int | None:
+    """A model_args value that must be a whole number >= low (the harness hands every value over as text)."""
+    if value is None or value == "":
+        return None
+    try:
+        number = int(str(value))
+    except ValueError:
+        raise ReskipError(f"--model_args {name}={value}: a whole number >= {low}") from None
+    if number < low:
+        raise ReskipError(f"--model_args {name}={value}: a whole number >= {low}")
+    return number
+
+
+def _placement(dtype: str, device: str | None) -> str:
+    """The harness's --device (default cuda:0, dropped where torch sees no GPU, as the harness does) -> ours."""
+    if str(dtype) not in DTYPE_NAMES:
+        raise ReskipError(f"--model_args dtype={dtype}: one of {', '.join(DTYPE_NAMES)}")
+    if device and device.startswith("cuda") and not torch.cuda.is_available():
+        device = None
+    if device and not DEVICE_PATTERN.fullmatch(device):
+        raise ReskipError(f"--device {device}: cpu, cuda or cuda:N")
+    return device or "auto"
+
+
 @register_model("reskip")
 class ReskipLM(HFLM):
-    def __init__(self, adapter: str, policy: str = "reskip", model: str | None = None, window: int | None = None,
-                 dtype: str = "auto", seed: int = 0, device: str | None = None, **kwargs):
-        # The harness hands model_args over as strings: this is where they become objects. Its --device places the
-        # model (the harness then computes where the model is); its default is cuda:0, which it drops itself for
-        # the CPU where torch sees no GPU, and so does this.
-        if device and device.startswith("cuda") and not torch.cuda.is_available():
-            device = None
+    def __init__(self, adapter: str | None = None, policy: str = "reskip", model: str | None = None,
+                 window: int | None = None, dtype: str = "auto", seed: int = 0, device: str | None = None, **kwargs):
+        # The harness hands model_args over as strings: this is where they become objects, each checked once.
+        if not adapter:
+            raise ReskipError("--model_args needs adapter=RUN (a trained retrofit run folder)")
         opened = open_run(adapter, [parse_spec(policy, allow_path=True)], model=model, dtype=dtype,
-                          device=device or "auto", window=int(window) if window else None, seed=int(seed),
-                          dense_fallback=True)
+                          device=_placement(dtype, device), window=_whole("window", window, 1),
+                          seed=_whole("seed", seed, 0) or 0, dense_fallback=True)
         self.reskip_model = opened.model
         self.skip_policy = opened.policy()
         self.skip_window = opened.window
@@ -56,9 +86,36 @@ class ReskipLM(HFLM):
         return out
 
 
+@register_model("reskip-arm")
+class ReskipArmLM(HFLM):
+    """A trained arm (`reskip experiment baselines`, `nested`) as the plain model `reskip export` writes: the
+    layers removed (a nested arm's at `depth`), the LoRA merged, in memory."""
+
+    def __init__(self, arm: str | None = None, depth: int | None = None, dtype: str = "auto",
+                 device: str | None = None, **kwargs):
+        from peft import PeftModel
+
+        from ..baselines.arms import arm_layers, load_arm_model, read_arm
+
+        if not arm:
+            raise ReskipError("--model_args needs arm=RUN (a trained arm's folder)")
+        depth = _whole("depth", depth, 0)
+        _, recorded = read_arm(Path(arm))
+        arm_layers(recorded, Path(arm), depth)  # a depth the arm does not serve: refused before loading
+        model, tokenizer = load_arm_model(Path(arm), dtype, _placement(dtype, device), depth=depth)
+        model = model.merge_and_unload() if isinstance(model, PeftModel) else model
+        kwargs.pop("pretrained", None)
+        super().__init__(pretrained=model, tokenizer=tokenizer, **kwargs)
+
+
 def main() -> None:
-    """`reskip-lm-eval`: the harness's CLI with the `reskip` model registered."""
-    cli_evaluate()  # the name "reskip" was registered when this module was imported
+    """`reskip-lm-eval`: the harness's CLI with the `reskip` and `reskip-arm` models registered; a bad argument is
+    one line and exit 2."""
+    try:
+        cli_evaluate()  # the names were registered when this module was imported
+    except ReskipError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

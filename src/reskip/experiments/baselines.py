@@ -227,7 +227,7 @@ def _block_costs(pc: PipelineConfig, folder: Path, show) -> BlockCosts:
     splits, _ = load_splits(cfg.data)
     model, tok = load_backbone(cfg.model, cfg.dtype, cfg.trust_remote_code, cfg.device)
     data = pack(tok, splits["calib"], cfg.seq_len, n_seq, seed=0)
-    show(f"[experiment baselines] the backbone's block costs on {len(data)} calibration sequences")
+    show(f"[experiment] the backbone's block costs on {len(data)} calibration sequences")
     costs = backbone_block_costs(model, data, rc.block_size, rc.boundaries)
     atomic_write_json(path, {**costs.to_dict(), "settings": settings})
     return costs

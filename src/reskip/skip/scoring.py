@@ -151,22 +151,29 @@ def generate(model: ReskipModel, input_ids, policy: SkipPolicy, window: int, att
         return out, list(runtime.trace)
 
 
-def generate_text(model: ReskipModel, tokenizer, prompt: str, policy: SkipPolicy, window: int, raw: bool = False,
-                  seed: int = 0, **generate_kwargs) -> tuple[str, list[int]]:
-    """Generate a reply to `prompt` (through the chat template, unless `raw` or the tokenizer has none);
-    returns (the new text, blocks skipped at each step that produced a new token; prefill first)."""
+def encode_prompt(tokenizer, prompt: str, raw: bool, limit: int | None, max_new_tokens: int):
+    """The prompt through the chat template (unless `raw` or the tokenizer has none), refused when it and the new
+    tokens need more positions than the model has (`limit`)."""
     if tokenizer.chat_template and not raw:
         text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                              add_generation_prompt=True)
     else:
         text = prompt
     enc = tokenizer(text, return_tensors="pt", add_special_tokens=not tokenizer.chat_template or raw)
-    limit = getattr(model.base_model.config, "max_position_embeddings", None)
-    wanted = enc.input_ids.shape[1] + generate_kwargs.get("max_new_tokens", 0)
+    wanted = enc.input_ids.shape[1] + max_new_tokens
     if limit is not None and wanted > limit:
         raise ReskipError(f"the prompt ({enc.input_ids.shape[1]} tokens) and max_new_tokens "
-                          f"({generate_kwargs.get('max_new_tokens', 0)}) need {wanted} positions; this model has "
+                          f"({max_new_tokens}) need {wanted} positions; this model has "
                           f"{limit}: shorten the prompt or ask for fewer tokens")
+    return enc
+
+
+def generate_text(model: ReskipModel, tokenizer, prompt: str, policy: SkipPolicy, window: int, raw: bool = False,
+                  seed: int = 0, **generate_kwargs) -> tuple[str, list[int]]:
+    """Generate a reply to `prompt` (through the chat template, unless `raw` or the tokenizer has none);
+    returns (the new text, blocks skipped at each step that produced a new token; prefill first)."""
+    enc = encode_prompt(tokenizer, prompt, raw, getattr(model.base_model.config, "max_position_embeddings", None),
+                        generate_kwargs.get("max_new_tokens", 0))
     torch.manual_seed(seed)
     out, trace = generate(model, enc.input_ids, policy, window, attention_mask=enc.attention_mask,
                           pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id, **generate_kwargs)
