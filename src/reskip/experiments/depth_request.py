@@ -53,7 +53,8 @@ def run(options: ExperimentOptions, folder: Path, show=print) -> dict:
         raise ReskipError(f"{nested_dir} has no results.json: run `reskip experiment nested` with the same --out "
                           "first (its nested model is what this experiment serves at a depth per request)")
     nested = read_json(nested_dir / "results.json")
-    arm_dir = nested_dir / "arms" / arm_slug(arm_name("nested", nested["lr"]))
+    variant = nested.get("variants", ["nested"])[-1]  # the longest-trained nested model there is
+    arm_dir = nested_dir / "arms" / arm_slug(arm_name(variant, nested["lr"]))
     cfg, arm = read_arm(arm_dir)
     depths = arm.depths
     models, tok = {}, None
@@ -71,7 +72,7 @@ def run(options: ExperimentOptions, folder: Path, show=print) -> dict:
     signal = min(SIGNALS, key=lambda s: sum(_routed(per["val"], s, t, per["val"], share)["kl"] for t in TARGETS
                                            if t < depths))
     out = {"experiment": "depth-request", "preset": options.preset, "model": cfg.model, "data": list(options.data),
-           "seed": options.seed, "nested": str(arm_dir), "depths": depths, "prompt_tokens": cfg.seq_len // PROMPT_SHARE,
+           "seed": options.seed, "nested": str(arm_dir), "variant": variant, "depths": depths, "prompt_tokens": cfg.seq_len // PROMPT_SHARE,
            "seq_len": cfg.seq_len, "layer_share": {str(k): v for k, v in share.items()}, "signal": signal,
            "validation": {s: [_routed(per["val"], s, t, per["val"], share) for t in TARGETS if t < depths]
                           for s in SIGNALS},

@@ -56,7 +56,8 @@ def run(options: ExperimentOptions, folder: Path, show=print) -> dict:
            "stacked": stacked is not None}
     for split in SPLITS:
         out["splits"][split] = _split(nested["rows"][split], _methods(recipe, split),
-                                      _methods(stacked, split) if stacked else None, nested["depths"])
+                                      _methods(stacked, split) if stacked else None, nested["depths"],
+                                      nested.get("variants", ["nested"]))
     out["claims"] = [c for c in (_claim(out, name) for name in _dynamic_names(out)) if c]
     out["tables"] = {f"Fidelity against compute ({s})": _table(out["splits"][s]) for s in SPLITS}
     png = fig_fidelity_frontier(out)[1]
@@ -91,11 +92,11 @@ def _methods(ev: dict, split: str) -> dict:
     return ev["methods"] if split == "test" else ev["heldout"]["methods"]
 
 
-def _split(nested: dict, recipe: dict, stacked: dict | None, depths: int) -> dict:
+def _split(nested: dict, recipe: dict, stacked: dict | None, depths: int, variants: list[str]) -> dict:
     """Every point of one split: static (backbone, kd-k), nested:k, and the dynamic points each beside the static
     mixture at its compute."""
     static = {"backbone": backbone_row(nested["kd-1"]), **{f"kd-{k}": nested[f"kd-{k}"] for k in range(1, depths + 1)}}
-    dynamic = {f"nested:{k}": nested[f"nested:{k}"] for k in range(1, depths + 1)}
+    dynamic = {f"{v}:{k}": nested[f"{v}:{k}"] for v in variants for k in range(1, depths + 1)}
     dynamic.update({f"backbone-teacher {name}": r for name, r in recipe.items() if r["kind"] == "reskip"})
     if stacked:
         dynamic.update({f"stacked {name}": r for name, r in stacked.items() if r["kind"] == "reskip"})

@@ -16,6 +16,7 @@ finished one is read back, so separate processes can train arms side by side (`-
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -41,13 +42,18 @@ HELDOUT = ("kjv",)
 WITHIN = 0.10  # the target: the nested model's KL within 10% of the separately healed model's at each depth
 
 
-def arms_of(costs: BlockCosts, depths: int, params: int) -> dict[str, LoraArm]:
-    """The nested arm and one separately kd-healed arm per depth, on the same blocks."""
+NESTED = ("nested", "nested-sum")  # the nested model at one arm's tokens, and at the separate arms' sum
+
+
+def arms_of(costs: BlockCosts, depths: int, params: int, summed: bool = False) -> dict[str, LoraArm]:
+    """The nested arm (and with `summed` its twin trained K times as long) and one separately kd-healed arm per
+    depth, on the same blocks."""
     order = costs.ranked(RANK_BY)[:depths]
     if len(order) < depths:
         raise ReskipError(f"--depths {depths}: the backbone has {len(order)} middle blocks")
-    arms = {"nested": LoraArm(params=params, objective="kd", nested_blocks=order,
-                              nested_layers=[list(costs.blocks[n - 1]) for n in order])}
+    nested = LoraArm(params=params, objective="kd", nested_blocks=order,
+                     nested_layers=[list(costs.blocks[n - 1]) for n in order])
+    arms = {"nested": nested, **({"nested-sum": nested} if summed else {})}
     for k in range(1, depths + 1):
         blocks = sorted(order[:k])
         arms[f"kd-{k}"] = LoraArm(params=params, drop_layers=sorted(costs.layers_of(blocks)), drop_blocks=blocks,
@@ -66,7 +72,7 @@ def run(options: ExperimentOptions, folder: Path, show=print) -> dict | None:
     cfg = pc.train_config()
     params = count_params(load_config(cfg.model, cfg.trust_remote_code), cfg.retrofit_config()).new_params
     costs = _block_costs(pc, folder, show)
-    arms = arms_of(costs, options.depths, params)
+    arms = arms_of(costs, options.depths, params, options.nested_sum)
     unknown = set(options.arms or ()) - set(arms)
     if unknown:
         raise ReskipError(f"`nested` has no arm {', '.join(sorted(unknown))}; its arms: {', '.join(arms)}")
@@ -77,19 +83,23 @@ def run(options: ExperimentOptions, folder: Path, show=print) -> dict | None:
             pending.append(name)
             continue
         show(f"[experiment nested] arm {name}")
-        summaries[name] = train_lora(cfg, arm, where[name], show_progress=not options.quiet)
+        steps = cfg.steps * (options.depths if name == "nested-sum" else 1)
+        summaries[name] = train_lora(dataclasses.replace(cfg, steps=steps), arm, where[name],
+                                     show_progress=not options.quiet)
     if pending:
         show(f"[experiment nested] not trained yet: {', '.join(pending)}")
         return None
-    measured = _measure(pc, cfg.seq_len, options.depths, where, show)
+    variants = [v for v in NESTED if v in arms]
+    measured = _measure(pc, cfg.seq_len, options.depths, where, variants, show)
     out = {"experiment": "nested", "preset": options.preset, "model": cfg.model, "data": list(cfg.data),
            "seed": cfg.seed, "lr": cfg.lr, "params": params, "rank_by": RANK_BY,
-           "nested_blocks": arms["nested"].nested_blocks, "depths": options.depths,
+           "nested_blocks": arms["nested"].nested_blocks, "depths": options.depths, "variants": variants,
            "training": {"steps": cfg.steps, "batch_size": cfg.batch_size, "seq_len": cfg.seq_len,
                         "tokens": cfg.steps * cfg.batch_size * cfg.seq_len,
+                        "steps_per_arm": {n: s["steps"] for n, s in summaries.items()},
                         "wall_s": {n: s["train_wall_s"] for n, s in summaries.items()}},
            "validation": {n: {"kl": s["kl_full"]["end"], "ppl": s["ppl_full"]["end"],
-                              **({"kl_depth": s["kl_depth"], "ppl_depth": s["ppl_depth"]} if n == "nested" else {})}
+                              **({"kl_depth": s["kl_depth"], "ppl_depth": s["ppl_depth"]} if n in NESTED else {})}
                           for n, s in summaries.items()},
            "backbone_blocks": costs.to_dict(), **measured}
     out["claims"] = claims(out)
@@ -100,14 +110,14 @@ def run(options: ExperimentOptions, folder: Path, show=print) -> dict | None:
 def table(out: dict, split: str) -> list[str]:
     """One row per model on one split: its blocks removed, compute, fidelity and perplexity; beside each nested
     depth, nested - separate with its 95% interval."""
-    rows, diffs = out["rows"][split], out["nested_minus_separate"][split]
+    rows = out["rows"][split]
     lines = ["| model | blocks removed | layer FLOPs | KL to backbone | top-1 agreement | ppl / backbone "
              "| nested - separate: KL [95%] | top-1 [95%] |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, r in rows.items():
         if name == "backbone":
             continue
-        k = name.split(":")[1] if name.startswith("nested:") else None
-        d = diffs.get(k) if k else None
+        variant, _, k = name.partition(":")
+        d = out["minus_separate"].get(variant, {}).get(split, {}).get(k)
         cells = ("-", "-") if d is None else tuple(
             f"{d[m]['mean']:+.4f} [{d[m]['lo']:+.4f}, {d[m]['hi']:+.4f}]" for m in ("kl", "top1"))
         lines.append(f"| {name} | {r['mean_skipped']:g} | {r['flops_executed_share']:.3f} | {r['kl_to_backbone']:.4f} "
@@ -115,10 +125,12 @@ def table(out: dict, split: str) -> list[str]:
     return lines
 
 
-def _measure(pc: PipelineConfig, seq_len: int, depths: int, where: dict[str, Path], show) -> dict:
+def _measure(pc: PipelineConfig, seq_len: int, depths: int, where: dict[str, Path], variants: list[str],
+             show) -> dict:
     cfg = pc.train_config()
     ref = Reference.load(cfg.model, cfg.dtype, cfg.device, cfg.trust_remote_code, cfg.retrofit_config().block_size)
-    specs = {f"nested:{k}": Spec("nested", f"nested:{k}", k=k, run=str(where["nested"])) for k in range(depths + 1)}
+    specs = {f"{v}:{k}": Spec("nested", f"{v}:{k}", k=k, run=str(where[v]))
+             for v in variants for k in range(depths + 1)}
     specs.update({f"kd-{k}": Spec("healed", f"kd-{k}", run=str(where[f"kd-{k}"])) for k in range(1, depths + 1)})
     methods = ref.methods(specs)
     n = PRESETS[pc.preset]["eval"]["sequences"]
@@ -128,14 +140,14 @@ def _measure(pc: PipelineConfig, seq_len: int, depths: int, where: dict[str, Pat
                                              "flops_executed_share", "mean_skipped", "per_sequence")}
                     for name, r in s["rows"].items()} for split, s in scored.items()}
     return {"dtype": ref.context.dtype, "sequences": n, "rows": rows,
-            "nested_minus_separate": {split: _differences(r, depths) for split, r in rows.items()}}
+            "minus_separate": {v: {split: _differences(r, v, depths) for split, r in rows.items()} for v in variants}}
 
 
-def _differences(rows: dict, depths: int) -> dict:
+def _differences(rows: dict, variant: str, depths: int) -> dict:
     """Per depth: nested - separate of KL and of top-1 agreement with 95% intervals, and KL nested / separate."""
     out = {}
     for k in range(1, depths + 1):
-        a, b = rows[f"nested:{k}"]["per_sequence"], rows[f"kd-{k}"]["per_sequence"]
+        a, b = rows[f"{variant}:{k}"]["per_sequence"], rows[f"kd-{k}"]["per_sequence"]
         counts = np.array(a["positions"], float)
         out[str(k)] = {"kl": bootstrap_mean_difference(np.array(a["kl"], float), np.array(b["kl"], float), counts),
                        "top1": bootstrap_mean_difference(np.array(a["agree"], float), np.array(b["agree"], float),
@@ -145,13 +157,17 @@ def _differences(rows: dict, depths: int) -> dict:
 
 
 def claims(out: dict) -> list[dict]:
-    """At each depth: the nested model's KL within 10% of the separate model's, on every split."""
+    """At each depth, for each nested variant: its KL within 10% of the separate model's, on every split."""
     result = []
-    for k in range(1, out["depths"] + 1):
-        ratios = {s: d[str(k)]["kl_ratio"] for s, d in out["nested_minus_separate"].items()}
-        measured = "; ".join(f"{s}: KL {out['rows'][s][f'nested:{k}']['kl_to_backbone']:.3f} vs "
-                             f"{out['rows'][s][f'kd-{k}']['kl_to_backbone']:.3f} ({r['mean']:.2f}x, 95% "
-                             f"[{r['lo']:.2f}, {r['hi']:.2f}])" for s, r in ratios.items())
-        result.append(claim(f"nested at {k} block(s) removed: KL to the backbone within {WITHIN:.0%} of the "
-                            "separately kd-healed model's", measured, all(r["mean"] <= 1 + WITHIN for r in ratios.values())))
+    for v in out["variants"]:
+        budget = "the tokens of one separate model" if v == "nested" else \
+            f"the separate models' summed tokens ({out['depths']} x one)"
+        for k in range(1, out["depths"] + 1):
+            ratios = {s: d[str(k)]["kl_ratio"] for s, d in out["minus_separate"][v].items()}
+            measured = "; ".join(f"{s}: KL {out['rows'][s][f'{v}:{k}']['kl_to_backbone']:.3f} vs "
+                                 f"{out['rows'][s][f'kd-{k}']['kl_to_backbone']:.3f} ({r['mean']:.2f}x, 95% "
+                                 f"[{r['lo']:.2f}, {r['hi']:.2f}])" for s, r in ratios.items())
+            result.append(claim(f"{v} ({budget}) at {k} block(s) removed: KL to the backbone within {WITHIN:.0%} of "
+                                "the separately kd-healed model's", measured,
+                                all(r["mean"] <= 1 + WITHIN for r in ratios.values())))
     return result

@@ -54,4 +54,6 @@ class ExperimentOptions(BackboneOptions):
                                      "position: healed-static:K:kd), kd+ce")
     depths: int = described(3, "nested: the deepest cut of the nested model (blocks removed; it serves 0 to this)",
                             low=1)
+    nested_sum: bool = described(False, "nested: also train the nested model on the separate models' summed tokens "
+                                        "(depths x the steps), scored beside the one at one model's tokens")
     quiet: bool = described(False, "print only the results")

@@ -379,7 +379,8 @@ def fig_fidelity_frontier(result: dict):
     per-sequence mixtures (a line), and every other point by its family."""
     splits = list(result["splits"])
     fig, axes = plt.subplots(1, len(splits), figsize=(6.5 * len(splits), 4.5), constrained_layout=True)
-    styles = {"nested": ("tab:green", "s"), "backbone-teacher": ("tab:purple", "^"), "stacked": ("tab:red", "D")}
+    styles = {"nested": ("tab:green", "s"), "nested-sum": ("tab:olive", "s"), "backbone-teacher": ("tab:purple", "^"),
+              "stacked": ("tab:red", "D")}
     for ax, split in zip(np.atleast_1d(axes), splits):
         points = result["splits"][split]
         static = sorted((p["flops_executed_share"], p["kl_to_backbone"], n) for n, p in points.items()
