@@ -152,6 +152,22 @@ BAD = [
     (["train", "--config", "{files}/aliases.yaml", "--out", "{tmp}/t"], "aliases"),
     (["train", "--lr", "0x10", "--out", "{tmp}/t"], "lr must be a finite number"),
     (["train", "--steps", "0o10", "--out", "{tmp}/t"], "steps must be an integer"),
+    # a flag given empty or null is that value, refused where the field takes none (never the default quietly)
+    (["train", "--device", "", "--out", "{tmp}/t"], "device must be"),
+    (["train", "--steps", "null", "--out", "{tmp}/t"], "steps must be an integer"),
+    (["train", "--device", "cuda:00", "--out", "{tmp}/t"], "device must be"),
+    (["run", "--device", "cuda:01", "--out", "{tmp}/r"], "--device"),
+    (["experiment", "nested", "--model", "{model}", "--lrs", "0.001", "0.002", "--out", "{tmp}/e"], "one learning rate"),
+    (["experiment", "nested", "--model", "{model}", "--depths", "0", "--out", "{tmp}/e"], "--depths"),
+    (["experiment", "stacked", "--model", "{model}", "--out", "{tmp}/e"], "run `reskip experiment nested`"),
+    (["experiment", "frontier", "--model", "{model}", "--out", "{tmp}/e"], "run `reskip experiment nested`"),
+    (["experiment", "depth-request", "--model", "{model}", "--out", "{tmp}/e"], "run `reskip experiment nested`"),
+    (["export", "{run}", "--out", "{tmp}/x", "--depth", "-1"], "--depth"),
+    (["generate", "hi", "--adapter", "{run}", "--depth", "1"], "is not an arm"),
+    (["calibrate", "--adapter", "{run}", "--budget-objective", "nll"], "invalid choice"),
+    (["eval", "{run}", "--methods", "backbone", "--reference", MISSING, "--out", "{tmp}/e"], "cannot find model"),
+    (["eval", "{run}", "--methods", "nested:1", "--out", "{tmp}/e"], "a depth and a folder"),
+    (["eval", "{run}", "--methods", "nested:x:" + MISSING, "--out", "{tmp}/e"], "depth K"),
 ]
 
 
@@ -267,7 +283,8 @@ def test_an_options_file_gives_values_by_name_and_flags_override_it(tmp_path):
     o = options_from_args(CalibrateOptions, args, CALIBRATE_CONVERTERS)
     assert (o.sequences, o.delta, o.budgets, o.quantile) == (64, 0.5, (0.5, 1.0), CalibrateOptions().quantile)
     for text, words in (("sequence: 64\n", "unknown option 'sequence'"), ("sequences: many\n", "sequences takes int"),
-                        ("quantile: 2\n", "--quantile must be"), ("- 1\n", "a YAML mapping")):
+                        ("quantile: 2\n", "--quantile must be"), ("- 1\n", "a YAML mapping"),
+                        ("sequences: null\n", "sequences cannot be null"), ("budgets: [[1]]\n", "plain values")):
         bad = tmp_path / "bad.yaml"
         bad.write_text(text)
         with pytest.raises(ReskipError, match=words):
@@ -412,3 +429,22 @@ def test_the_run_lock_never_writes_through_a_link(tmp_path):
         with writing(run):
             pass
     assert victim.read_text() == "precious"
+
+
+def test_a_config_file_reads_as_the_flags_do(tmp_path):
+    """Values from `--config` go through the flags' own conversion: a method list holding a list is refused, and an
+    experiment's `overrides:` from the file stays under the training flags given on the line (merged key by key)."""
+    from reskip.cli.experiment import experiment_options
+    from reskip.cli.evaluate import EVAL_CONVERTERS
+    from reskip.cli.options import options_from_args
+    from reskip.evaluate.options import EvalOptions
+
+    parser = build_parser()
+    bad = tmp_path / "eval.yaml"
+    bad.write_text("methods: [[static:1]]\n")
+    with pytest.raises(ReskipError, match="methods takes a list of plain values"):
+        options_from_args(EvalOptions, parser.parse_args(["eval", "x", "--config", str(bad)]), EVAL_CONVERTERS)
+    conf = tmp_path / "exp.yaml"
+    conf.write_text("overrides: {lr: 0.004, eval_every: 5}\n")
+    o = experiment_options(parser.parse_args(["experiment", "nested", "--config", str(conf), "--steps", "7"]))
+    assert o.overrides == {"lr": 0.004, "eval_every": 5, "steps": 7}

@@ -262,5 +262,7 @@ class TrainConfig:
     def _from_mapping(cls, data, overrides: dict | None) -> "TrainConfig":
         if not isinstance(data, dict):
             raise ReskipError("the config must be a YAML mapping of keys to values")
-        data.update({k: v for k, v in (overrides or {}).items() if v is not None})
+        # a flag given as null (or '') sets null: the field's own check then takes it (loss_chunk: whole logits)
+        # or refuses it (device: a name) instead of the run quietly keeping another value
+        data.update(overrides or {})
         return cls.from_dict(data)

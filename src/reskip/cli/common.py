@@ -40,8 +40,10 @@ EXAMPLES = {
            "reskip run --preset quick --out runs/smoke   # a smoke run of every stage\n"
            "reskip run --resume runs/my-run              # continue from its last finished stage",
     "experiment": "reskip experiment baselines --preset standard\n"
+                  "reskip experiment nested --preset standard --out runs/depths   # one LoRA for 0-3 blocks removed\n"
                   "reskip experiment variants --preset medium --arms shortcut --out runs/exp",
-    "export": "reskip export runs/experiments/experiments/baselines/arms/healed-static-1@0.004 --out my-model",
+    "export": "reskip export runs/experiments/experiments/baselines/arms/healed-static-1@0.004 --out my-model\n"
+              "reskip export runs/depths/experiments/nested/arms/nested@0.002 --depth 2 --out my-model-2",
     "compress": "reskip compress --out smollm2-26-layers                # one block removed, healed by kd\n"
                 "reskip compress --model /models/my-llama --drop 2 --data my-texts/ --out my-llama-smaller",
     "lab": "reskip lab runs/my-run                      # then open http://127.0.0.1:7860",

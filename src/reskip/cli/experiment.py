@@ -37,7 +37,10 @@ def register(sub) -> None:
     p = sub.add_parser("experiment", help="rerun a source document's claim on your backbone: variants, block-size, "
                                           "mix, placement; scale: the main job at 1x, 4x and 10x the standard "
                                           "training tokens; baselines: the recipe beside a parameter-matched LoRA "
-                                          "and LoRA-healed static pruning (results.json + results.md with verdicts)",
+                                          "and LoRA-healed static pruning; nested: one LoRA for every depth "
+                                          "against kd-healed models per depth; stacked: ReSkip on the healed model; "
+                                          "frontier: fidelity against compute for all of them; depth-request: a "
+                                          "depth chosen per prompt (results.json + results.md with verdicts)",
                        **examples("experiment"))
     p.add_argument("name", choices=EXPERIMENTS, help="the experiment")
     add_option_flags(p, ExperimentOptions, skip=OWN_FLAGS, converters=CONVERTERS)

@@ -81,12 +81,16 @@ def add_option_flags(p: argparse.ArgumentParser, cls, skip: tuple[str, ...] = ()
 
 def options_from_args(cls, args: argparse.Namespace, converters: Converters = (), **fixed):
     """The options object of `cls` from a `--config` file (when given) and the flags given; `fixed` values (set by
-    the command itself) win over both. Checked against the fields' choices and ranges before returning."""
+    the command itself) win over both (a mapping is merged over the file's, key by key). Checked against the fields'
+    choices and ranges before returning."""
     converters = dict(converters)
     values = {}
     if getattr(args, "config", None):
         values.update(_from_file(cls, Path(args.config), converters))
     values.update(given_values(cls, args, converters))
+    # a mapping set by the command from its flags (an experiment's `overrides`) goes over the file's, key by key
+    fixed = {k: {**values[k], **v} if isinstance(v, dict) and isinstance(values.get(k), dict) else v
+             for k, v in fixed.items()}
     options = cls(**{**values, **fixed})
     check_fields(options)
     return options
@@ -126,19 +130,28 @@ def _from_file(cls, path: Path, converters: Converters) -> dict:
         if name not in fields:
             raise ReskipError(f"{path}: unknown option {key!r}; valid: {', '.join(sorted(fields))}")
         where = f"{path}: {name}"
-        out[name] = _converted(name, _typed(value, hints[name], where), converters, where)
+        out[name] = _converted(name, _typed(value, hints[name], where, name in converters), converters, where)
     return out
 
 
-def _typed(value, hint, where: str):
-    """A YAML value against the field's type (a string where a converter reads strings is passed through)."""
+def _optional(hint) -> bool:
+    return type(None) in typing.get_args(hint)
+
+
+def _typed(value, hint, where: str, converted: bool = False):
+    """A YAML value against the field's type, as its flag's conversion would take it: null only where the field
+    may be null, and the text a converter reads (a spec, a budget) as scalars, never nested lists or mappings."""
     kind, many = _shape(hint)
     if value is None:
+        if not _optional(hint):
+            raise ReskipError(f"{where} cannot be null: give a value (or leave the key out for its default)")
         return None
     items = value if many and isinstance(value, list) else [value]
     if many and not isinstance(value, list):
         raise ReskipError(f"{where} takes a list (e.g. [a, b]), got {value!r}")
     for v in items:
+        if converted and not isinstance(v, (str, int, float, bool)):
+            raise ReskipError(f"{where} takes {'a list of ' if many else ''}plain values as its flag does, got {v!r}")
         ok = (isinstance(v, bool) if kind is bool else
               isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) if kind is float else
               isinstance(v, int) and not isinstance(v, bool) if kind is int else

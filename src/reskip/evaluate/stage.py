@@ -33,7 +33,7 @@ from ..io_atomic import atomic_write_json, atomic_write_text
 from ..skip.spec import Spec
 from ..stage_inputs import read_stage_inputs
 from ..backbones.devices import model_device
-from ..backbones.loading import load_backbone
+from ..backbones.loading import load_backbone, load_config
 from ..compat import decoder_layers
 from ..skip.scoring import generate
 from .generation import agreement, continuations, prompt_ids
@@ -49,6 +49,8 @@ def check_options(o: EvalOptions) -> None:
     if not o.methods:
         raise ReskipError("--methods names no method: give at least one (e.g. backbone retrofit budgets matched)")
     resolve_dtype_name(o.dtype)  # an unknown name fails here
+    if o.reference:
+        load_config(o.reference, o.trust_remote_code)  # a reference that does not exist fails before any weights
 
 
 def evaluate_run(run, options: EvalOptions = EvalOptions()) -> Path:
