@@ -73,6 +73,29 @@ def test_a_nested_arm_trains_at_each_depth_and_validates_every_depth(nested_run)
     assert summary["kl_depth"]["1"] < summary["kl_depth"]["2"]  # one layer fewer is closer to the backbone
 
 
+def test_a_nested_arm_opens_at_a_depth_as_the_student_trained_there(nested_run):
+    """The LoRA of every kept layer stays on that layer: the model opened at depth k gives the logits the trainer's
+    student gave at depth k (the whole model with the LoRA, those layers left out for the pass)."""
+    from reskip.baselines.healing import HealingObjective
+
+    tmp, _, arm, _ = nested_run
+    ids = torch.randint(3, 90, (2, 12), generator=torch.Generator().manual_seed(3))
+    at_depth = {}
+    for k in (1, 2):
+        model, _ = load_arm_model(tmp / "nested", "float32", depth=k)
+        with torch.no_grad():
+            at_depth[k] = model(input_ids=ids, use_cache=False).logits
+    from peft import PeftModel
+    from reskip.backbones.loading import load_backbone
+
+    base, _ = load_backbone(str(tmp / "model"), "float32", device="cpu")
+    peft = PeftModel.from_pretrained(base, tmp / "nested" / "adapter")
+    student = HealingObjective(peft, "kd")
+    for k in (1, 2):
+        with torch.no_grad(), student.student(arm.layers_at(k)):
+            assert torch.equal(peft(input_ids=ids, use_cache=False).logits, at_depth[k])
+
+
 def test_a_nested_arm_scores_at_every_depth_and_exports_one(nested_run, capsys):
     tmp, cfg, _, _ = nested_run
     run = tmp / "nested"

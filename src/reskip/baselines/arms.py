@@ -10,13 +10,15 @@ from pathlib import Path
 
 import yaml
 from peft import PeftModel
+from safetensors import SafetensorError
 
-from ..backbones.loading import load_backbone
+from ..backbones.loading import load_backbone, load_config
 from ..config_fields import described
 from ..errors import ReskipError
 from ..reading import read_yaml
 from ..runs import RunFolder
 from ..train_config import TrainConfig, load_yaml
+from .arm_files import check_adapter_files, check_layers, check_loaded, typed_arm
 from .pruning import prune
 
 
@@ -91,27 +93,41 @@ def read_arm(run_dir: Path) -> tuple[TrainConfig, LoraArm]:
     if not isinstance(data, dict) or not {"train", "lora"} <= set(data):
         raise ReskipError(f"{run_dir} is not a finished baseline run: its config.yaml has no train: and lora: (a "
                           "LoRA or healed-static arm of `reskip experiment baselines` has)")
-    arm = LoraArm(**data["lora"])
-    arm.check(str(RunFolder(run_dir).config))
+    where = str(RunFolder(run_dir).config)
+    arm = typed_arm(LoraArm, data["lora"], where)
+    arm.check(where)
     return TrainConfig.from_dict(data["train"]), arm
 
 
 def load_arm_model(run_dir: Path, dtype: str | None = None, device: str = "auto", trust_remote_code: bool = False,
                    depth: int | None = None):
     """A trained baseline run as (model with its LoRA, tokenizer) on `device`: the backbone loaded, pruned as
-    recorded (a nested arm: at `depth`, which it needs) and the PEFT adapter applied. A nested arm at depth 0 is
-    the backbone itself, without its LoRA: exactly the model it distils from. The model's own Python code runs only with the caller's
-    `trust_remote_code` (the user's flag), never because the arm's config.yaml says so: an arm someone shared runs
-    no code on the machine that opens it."""
+    recorded (a nested arm: at `depth`, which it needs) and the PEFT adapter applied, its files checked before and
+    as they load (`arm_files`). A nested arm at depth 0 is the backbone itself, without its LoRA: exactly the model it
+    distils from. The model's own Python code runs only with the caller's `trust_remote_code` (the user's flag),
+    never because the arm's config.yaml says so: an arm someone shared runs no code on the machine that opens it."""
     cfg, arm = read_arm(run_dir)
     drop = arm_layers(arm, run_dir, depth)
+    folder = RunFolder(run_dir).adapter
+    n_layers = load_config(cfg.model, trust_remote_code).num_hidden_layers
+    check_layers(arm, n_layers, str(RunFolder(run_dir).config))
+    trained_without = arm.layers_at(arm.depths) if arm.nested else drop  # a nested LoRA covers every layer
+    check_adapter_files(folder, arm, n_layers - (0 if arm.nested else len(trained_without)))
     base, tokenizer = load_backbone(cfg.model, dtype or cfg.dtype, trust_remote_code, device)
-    if drop:
-        prune(base, set(drop))
     if arm.nested and depth == 0:  # the backbone, bit for bit: its LoRA is not applied
         base.eval()
         return base, tokenizer
-    model = PeftModel.from_pretrained(base, RunFolder(run_dir).adapter, autocast_adapter_dtype=True)
+    if drop and not arm.nested:  # a healed arm's LoRA trained on the pruned model: its keys number the kept layers
+        prune(base, set(drop))
+    try:
+        model = PeftModel.from_pretrained(base, folder, autocast_adapter_dtype=True)
+    except (SafetensorError, RuntimeError, ValueError, KeyError, TypeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ReskipError(f"{folder}: the adapter does not load onto this arm's model ({first[:300]}); train the arm "
+                          "again") from None
+    check_loaded(model, folder)
+    if drop and arm.nested:  # a nested LoRA trained on every layer: loaded whole, then its depth's layers removed
+        prune(model.get_base_model(), set(drop))
     model.eval()
     return model, tokenizer
 

@@ -21,6 +21,7 @@ from torch import nn
 
 from .. import compat
 from ..backbones.devices import model_device
+from .arm_files import write_trained_on
 from .arms import LoraArm, arm_config_text, read_arm
 from .healing import HealingObjective
 from .lora import add_lora, trainable_parameters
@@ -175,5 +176,9 @@ class LoraTrainee:
                        "ppl_depth": evals[-1].get("ppl_depth")} if self.arm.nested else {}),
                    "objective": self.arm.objective, "temperature": self.arm.temperature, "lr": cfg.lr,
                    "dtype": cfg.dtype, "device": device}
-        atomic_folder(folder, lambda tmp: self.model.save_pretrained(tmp))
+        def write(tmp: Path) -> None:
+            self.model.save_pretrained(tmp)
+            write_trained_on(tmp, self.arm.drop_layers, self.arm.nested_layers)
+
+        atomic_folder(folder, write)
         return summary

@@ -1,0 +1,86 @@
+"""An arm's files as someone may hand them over: weights of random bytes or cut short, an adapter config that is not
+JSON, of another rank or another kind, a record naming layers the backbone lacks or of the wrong type, an adapter
+copied from an arm of another pruning. `reskip export` (and every command that opens an arm) refuses each in one
+line, exit 2, with nothing written."""
+
+import json
+import shutil
+
+import pytest
+
+from helpers import save_tiny, write_corpus
+from reskip.baselines.arm_files import TRAINED_ON
+from reskip.baselines.arms import LoraArm
+from reskip.baselines.train import train_lora
+from reskip.cli import main
+from reskip.train_config import TrainConfig
+
+
+@pytest.fixture(scope="module")
+def arms(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("armfiles")
+    model, corpus = save_tiny(tmp / "model", "llama"), write_corpus(tmp / "corpus", n_docs=200)
+    cfg = TrainConfig(model=str(model), data=[str(corpus)], seq_len=16, steps=2, batch_size=2, eval_every=2,
+                      save_every=2, eval_sequences=2, lr=1e-2, dtype="float32", retrofit={"block_size": 1, "rank": 8})
+    train_lora(cfg, LoraArm(params=2_000, drop_layers=[2, 3], drop_blocks=[3, 4], objective="kd"), tmp / "healed",
+               show_progress=False)
+    train_lora(cfg, LoraArm(params=2_000), tmp / "lora", show_progress=False)
+    return tmp
+
+
+def _spoil(arm, case: str, tmp):
+    adapter = arm / "adapter"
+    weights = adapter / "adapter_model.safetensors"
+    config = adapter / "adapter_config.json"
+    if case == "random weights":
+        weights.write_bytes(b"\x17" * 300)
+    elif case == "weights cut short":
+        weights.write_bytes(weights.read_bytes()[:200])
+    elif case == "config not JSON":
+        config.write_text("{\"r\": 8,")
+    elif case in ("another rank", "unknown peft_type"):
+        c = json.loads(config.read_text())
+        c.update({"r": 64} if case == "another rank" else {"peft_type": "FROBNICATE"})
+        config.write_text(json.dumps(c))
+    elif case in ("layer 99", "layers as a string", "unknown field"):
+        text = (arm / "config.yaml").read_text()
+        new = {"layer 99": "- 99", "layers as a string": "drop_layers: x", "unknown field": "rank: 4\n  drop_layers:"}[case]
+        old = {"layer 99": "- 2", "layers as a string": "drop_layers:", "unknown field": "drop_layers:"}[case]
+        if case == "layers as a string":
+            text = text.replace("drop_layers:\n  - 2\n  - 3\n", "drop_layers: x\n")
+        else:
+            text = text.replace(old, new, 1)
+        (arm / "config.yaml").write_text(text)
+    elif case in ("adapter of another pruning", "another pruning, no record"):
+        shutil.rmtree(adapter)
+        shutil.copytree(tmp / "healed" / "adapter", adapter)
+        if case == "another pruning, no record":
+            (adapter / TRAINED_ON).unlink()
+
+
+CASES = [("random weights", "healed", "cannot be read"), ("weights cut short", "healed", "cannot be read"),
+         ("config not JSON", "healed", "is not valid JSON"), ("another rank", "healed", "of different adapters"),
+         ("unknown peft_type", "healed", "not a LoRA adapter's config"), ("layer 99", "healed", "names layer(s) [99]"),
+         ("layers as a string", "healed", "lora.drop_layers must be"), ("unknown field", "healed", "unknown lora field"),
+         ("adapter of another pruning", "lora", "belongs to another arm"),
+         ("another pruning, no record", "lora", "trained on another pruning")]
+
+
+@pytest.mark.parametrize("case,which,word", CASES, ids=[c for c, _, _ in CASES])
+def test_export_refuses_spoiled_arm_files_in_one_line(arms, case, which, word, tmp_path, capsys):
+    arm = tmp_path / "arm"
+    shutil.copytree(arms / which, arm)
+    _spoil(arm, case, arms)
+    capsys.readouterr()
+    assert main(["export", str(arm), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    if case == "another pruning, no record":  # only the loaded model can tell: the loader's progress lines first
+        lines = lines[-1:]
+    assert len(lines) == 1 and word in lines[0] and "Traceback" not in err, err
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob("*.tmp*"))
+
+
+def test_a_trained_arm_records_the_layers_its_adapter_trained_without(arms):
+    assert json.loads((arms / "healed" / "adapter" / TRAINED_ON).read_text()) == {"drop_layers": [2, 3],
+                                                                                   "nested_layers": []}
