@@ -168,6 +168,13 @@ BAD = [
     (["eval", "{run}", "--methods", "backbone", "--reference", MISSING, "--out", "{tmp}/e"], "cannot find model"),
     (["eval", "{run}", "--methods", "nested:1", "--out", "{tmp}/e"], "a depth and a folder"),
     (["eval", "{run}", "--methods", "nested:x:" + MISSING, "--out", "{tmp}/e"], "depth K"),
+    # a config.json someone wrote: the sizes the count needs, checked before any arithmetic
+    (["params", "--backbone", "{files}/heads0.json"], "num_attention_heads must be a whole number"),
+    (["params", "--backbone", "{files}/hidden-text.json"], "hidden_size must be a whole number"),
+    (["params", "--backbone", "{files}/hidden-inf.json"], "hidden_size must be a whole number"),
+    (["params", "--backbone", "{files}/vocab-negative.json"], "vocab_size must be a whole number"),
+    (["params", "--backbone", "{files}/type-list.json"], "model_type must be a name"),
+    (["params", "--backbone", "{files}/layers-1e9.json"], "num_hidden_layers must be a whole number"),
 ]
 
 
@@ -227,6 +234,14 @@ def bad_files(tmp_path_factory, trained_run):
     (d / "bad-pipeline").mkdir()
     (d / "bad-pipeline" / "pipeline.json").write_text('{"stages": 5}')
     (d / "latin1-log" / "train_log.jsonl").write_bytes((d / "latin1-log" / "train_log.jsonl").read_bytes() + b"\xe9\n")
+    from importlib import resources
+
+    smol = json.loads((resources.files("reskip.backbones") / "archs" / "SmolLM2-135M.json").read_text())
+    for name, change in (("heads0", {"num_attention_heads": 0}), ("hidden-text", {"hidden_size": "576"}),
+                         ("vocab-negative", {"vocab_size": -5}), ("type-list", {"model_type": ["llama"]}),
+                         ("layers-1e9", {"num_hidden_layers": 10**9})):
+        (d / f"{name}.json").write_text(json.dumps({**smol, **change}))
+    (d / "hidden-inf.json").write_text(json.dumps(smol).replace('"hidden_size": 576', '"hidden_size": 1e400'))
     return d
 
 
@@ -448,3 +463,10 @@ def test_a_config_file_reads_as_the_flags_do(tmp_path):
     conf.write_text("overrides: {lr: 0.004, eval_every: 5}\n")
     o = experiment_options(parser.parse_args(["experiment", "nested", "--config", str(conf), "--steps", "7"]))
     assert o.overrides == {"lr": 0.004, "eval_every": 5, "steps": 7}
+
+
+def test_a_lora_larger_than_its_projections_can_hold_is_refused(capsys):
+    """`--inner-lora 10^12` on Qwen3-4B: ranks above the projections' full rank; counted on the meta device (no
+    weights), refused in one line with the most this model can hold."""
+    _one_line_exit_2(["params", "--backbone", "Qwen3-4B", "--inner-lora", "1000000000000"], capsys,
+                     "above the full rank")

@@ -59,6 +59,11 @@ def matched_lora_config(model: nn.Module, target: int) -> tuple:
     layers = projections(model)
     costs = [rank_cost(layer) for layer in layers]
     ranks = matched_ranks(costs, target)
+    full = [min(min(m.in_features, m.out_features) for _, m in layer) for layer in layers]  # a rank's ceiling
+    if any(r > f for r, f in zip(ranks, full)):
+        raise ReskipError(f"a LoRA of {target:,} parameters needs rank {max(ranks)} on every layer, above the full "
+                          f"rank of their projections ({min(full)}): at most {lora_parameters(costs, full):,} "
+                          "parameters on this model")
     common = max(set(ranks), key=ranks.count)
     targets, pattern = [], {}
     for layer, r in zip(layers, ranks):

@@ -47,11 +47,34 @@ def architecture_config(name_or_path: str):
     model_type = data.pop("model_type", None)
     if model_type is None:
         raise ModelNotFoundError(f"{name_or_path}: the config has no model_type")
+    if not isinstance(model_type, str):
+        raise ModelNotFoundError(f"{name_or_path}: model_type must be a name, got {model_type!r}")
     compat.check_supported(SimpleNamespace(model_type=model_type))  # before transformers reads the rest
+    check_sizes(data, name_or_path)
     try:
         return AutoConfig.for_model(model_type, **data)
     except (TypeError, ValueError) as e:
         raise ModelNotFoundError(f"{name_or_path}: transformers cannot build a {model_type} config from it ({e})") from e
+
+
+# what the parameter arithmetic reads, and the largest value any model of these families has by far
+SIZES = {"hidden_size": 2**17, "num_hidden_layers": 4096, "num_attention_heads": 4096, "num_key_value_heads": 4096,
+         "intermediate_size": 2**20, "vocab_size": 2**24, "head_dim": 2**14}
+REQUIRED_SIZES = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+
+
+def check_sizes(data: dict, name: str) -> None:
+    """The sizes a parameter count needs: whole numbers from 1 to far beyond any real model (a config someone wrote
+    by hand with 0 heads, a string or a billion layers is one error, never a traceback or minutes of counting)."""
+    for key, limit in SIZES.items():
+        value = data.get(key)
+        if value is None and key not in REQUIRED_SIZES:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= limit:
+            raise ModelNotFoundError(f"{name}: {key} must be a whole number from 1 to {limit:,}, got {value!r}")
+    if data.get("head_dim") is None and data["hidden_size"] % data["num_attention_heads"]:
+        raise ModelNotFoundError(f"{name}: hidden_size {data['hidden_size']} is not a multiple of num_attention_heads "
+                                 f"{data['num_attention_heads']}")
 
 
 def _read_text(path: Path) -> str:
