@@ -84,3 +84,25 @@ def test_export_refuses_spoiled_arm_files_in_one_line(arms, case, which, word, t
 def test_a_trained_arm_records_the_layers_its_adapter_trained_without(arms):
     assert json.loads((arms / "healed" / "adapter" / TRAINED_ON).read_text()) == {"drop_layers": [2, 3],
                                                                                    "nested_layers": []}
+
+
+def test_sigterm_or_ctrl_c_during_export_leave_no_temporary_and_say_what_to_do(arms, tmp_path, monkeypatch, capsys):
+    """A SIGTERM while the model is written runs the same clean-up as Ctrl-C: the temporary folder goes, nothing
+    is left at --out, the run lock is let go, and the message fits the command (no advice to resume a training)."""
+    import os
+    import signal
+
+    from transformers import PreTrainedModel
+
+    for stop, code, word in ((lambda: os.kill(os.getpid(), signal.SIGTERM), 143, "terminated"),
+                             (lambda: (_ for _ in ()).throw(KeyboardInterrupt()), 130, "interrupted")):
+        def save(self, *a, stop=stop, **k):
+            stop()
+
+        monkeypatch.setattr(PreTrainedModel, "save_pretrained", save)
+        capsys.readouterr()
+        assert main(["export", str(arms / "healed"), "--out", str(tmp_path / "out")]) == code
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert err.startswith(f"reskip: {word};") and "resume" not in err and "run the command again" in err
+        assert not list(tmp_path.iterdir()), list(tmp_path.iterdir())
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is the command's only

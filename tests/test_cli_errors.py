@@ -156,6 +156,7 @@ BAD = [
     (["train", "--device", "", "--out", "{tmp}/t"], "device must be"),
     (["train", "--steps", "null", "--out", "{tmp}/t"], "steps must be an integer"),
     (["train", "--device", "cuda:00", "--out", "{tmp}/t"], "device must be"),
+    (["train", "--data-weights", "{default: 0}", "--out", "{tmp}/t"], "at least one must be > 0"),
     (["run", "--device", "cuda:01", "--out", "{tmp}/r"], "--device"),
     (["experiment", "nested", "--model", "{model}", "--lrs", "0.001", "0.002", "--out", "{tmp}/e"], "one learning rate"),
     (["experiment", "nested", "--model", "{model}", "--depths", "0", "--out", "{tmp}/e"], "--depths"),
@@ -470,3 +471,23 @@ def test_a_lora_larger_than_its_projections_can_hold_is_refused(capsys):
     weights), refused in one line with the most this model can hold."""
     _one_line_exit_2(["params", "--backbone", "Qwen3-4B", "--inner-lora", "1000000000000"], capsys,
                      "above the full rank")
+
+
+def test_a_refusal_inside_a_folder_of_the_user_leaves_no_lock(tmp_path, capsys, tiny_model_dir):
+    """The run lock is taken before the checks that need the folder; a refusal there leaves the user's folder as it
+    was (no `.lock`), and the working folder too."""
+    mine = tmp_path / "project"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    _one_line_exit_2(["train", "--model", tiny_model_dir, "--data", MISSING, "--out", mine], capsys, "dataset")
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
+
+
+@pytest.mark.parametrize("value,word", [("abc", "is not a process count"), ("0", "is not a process count"),
+                                        ("2", "no launcher started this process")])
+def test_a_world_size_without_a_launcher_is_one_line(value, word, monkeypatch, capsys, tmp_path):
+    for key in ("RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("WORLD_SIZE", value)
+    _one_line_exit_2(["train", "--steps", "1", "--out", tmp_path / "t"], capsys, word)
+    assert not (tmp_path / "t").exists()

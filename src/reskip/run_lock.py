@@ -46,6 +46,7 @@ def writing(root: Path):
             _held[root][1] -= 1
         return
     created = [p for p in (root, *root.parents) if not p.exists()]  # what taking the lock makes
+    lock_was_there = (root / LOCK_NAME).exists()
     root.mkdir(parents=True, exist_ok=True)
     f = _open_lock(root / LOCK_NAME)
     try:
@@ -64,12 +65,14 @@ def writing(root: Path):
     try:
         yield
     except BaseException:
-        # a refusal before anything was written leaves nothing behind: not the lock, not the folders it made
-        if created and [p.name for p in root.iterdir()] == [LOCK_NAME]:
-            (root / LOCK_NAME).unlink()
-            for folder in created:
-                with contextlib.suppress(OSError):
-                    folder.rmdir()
+        # a refusal leaves nothing of the lock's behind: not a lock file it made (in a folder of the user's, or the
+        # working folder), not the folders it made when nothing else was written into them
+        if not lock_was_there:
+            with contextlib.suppress(OSError):
+                (root / LOCK_NAME).unlink()
+        for folder in created:
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only an empty folder goes
         raise
     finally:
         _held.pop(root)

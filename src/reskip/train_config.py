@@ -182,6 +182,8 @@ class TrainConfig:
         need(self.data_weights is None or (isinstance(self.data_weights, dict) and all(
             isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w) and w >= 0
             for w in self.data_weights.values())), f"data_weights must map sources to weights >= 0, got {self.data_weights!r}")
+        need(not self.data_weights or sum(self.data_weights.values()) > 0,
+             f"data_weights gives every source weight 0 ({self.data_weights!r}): at least one must be > 0")
         need(isinstance(self.retrofit, dict), f"retrofit must be a mapping of retrofit keys, got {self.retrofit!r}")
         need(self.dtype in ("auto", "float32", "bfloat16"), f"dtype must be auto, float32 or bfloat16, got {self.dtype!r}")
         need(isinstance(self.device, str) and DEVICE_PATTERN.fullmatch(self.device) is not None,

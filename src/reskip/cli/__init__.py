@@ -6,7 +6,9 @@ and the library never imports it. Building the parser imports no torch (`reskip 
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from ..errors import ReskipError
@@ -24,8 +26,25 @@ def build_parser() -> Parser:
     return parser
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the process is, so every `finally` runs (an atomic folder's temporary is removed, the
+    run lock let go) as on Ctrl-C."""
+
+
+def _terminate(signum, frame):
+    raise Terminated()
+
+
+# what a stopped command offers, by command (the others write whole files or folders, or nothing)
+AFTER_STOP = {"train": "a training run resumes from its last checkpoint with --resume RUN",
+              "run": "the pipeline resumes with reskip run --resume RUN",
+              "experiment": "rerun the same command: finished arms are read back and a stopped one resumes",
+              "compress": "rerun the same command: it resumes where it stopped"}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    previous = _on_sigterm(_terminate)
     try:
         resolve_run(args)
         check_out(args)
@@ -37,9 +56,20 @@ def main(argv: list[str] | None = None) -> int:
         where = f" ({e.filename})" if e.filename else ""
         print(f"reskip: error: {e.strerror or e}{where}; the files written before it are intact", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("reskip: interrupted; a training run resumes from its last checkpoint with --resume", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        what = "terminated" if isinstance(e, Terminated) else "interrupted"
+        after = AFTER_STOP.get(args.command, "nothing half-written was left; run the command again")
+        print(f"reskip: {what}; {after}", file=sys.stderr)
+        return 143 if isinstance(e, Terminated) else 130
+    finally:
+        _on_sigterm(previous)
+
+
+def _on_sigterm(handler):
+    """Install `handler` for SIGTERM (in the main thread only, where Python runs handlers); returns the one before."""
+    if threading.current_thread() is not threading.main_thread() or handler is None:
+        return None
+    return signal.signal(signal.SIGTERM, handler)
 
 
 MESSAGE_LIMIT = 1000  # characters of an error message printed: one that quotes a huge value stays readable

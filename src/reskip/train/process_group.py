@@ -55,7 +55,16 @@ def global_sum(t: torch.Tensor, differentiable: bool = False) -> torch.Tensor:
 def launched_processes() -> int:
     """The processes a launcher (torchrun, `accelerate launch --multi_gpu`) started for this job, from its
     environment, before any process group exists; 1 without a launcher."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
+    text = os.environ.get("WORLD_SIZE", "1")
+    if not text.isdigit() or int(text) < 1:
+        raise ReskipError(f"WORLD_SIZE={text!r} in the environment is not a process count: unset it, or run under "
+                          "torchrun or accelerate launch, which set it")
+    n = int(text)
+    missing = [k for k in ("RANK", "MASTER_ADDR", "MASTER_PORT") if n > 1 and not os.environ.get(k)]
+    if missing:
+        raise ReskipError(f"WORLD_SIZE={n} but no launcher started this process ({', '.join(missing)} not set): run "
+                          "it under torchrun or accelerate launch, or unset WORLD_SIZE to train as one process")
+    return n
 
 
 def asked_processes(parent_command: list[str]) -> int:
