@@ -491,3 +491,31 @@ def test_a_world_size_without_a_launcher_is_one_line(value, word, monkeypatch, c
     monkeypatch.setenv("WORLD_SIZE", value)
     _one_line_exit_2(["train", "--steps", "1", "--out", tmp_path / "t"], capsys, word)
     assert not (tmp_path / "t").exists()
+
+
+def test_an_adapter_whose_outputs_overflow_stops_every_stage_in_one_line(tmp_path, capsys):
+    """Finite weights that overflow in the forward pass (logits inf or nan): generate and calibrate refuse in one
+    line naming the adapter, before any work and without writing a policy; a JSON file never holds NaN."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from helpers import tiny_trained_run
+    from reskip.io_atomic import atomic_write_json
+
+    run = tiny_trained_run(tmp_path)
+    broken = tmp_path / "broken"
+    shutil.copytree(run, broken)
+    for f in (broken / "adapter").glob("*.safetensors"):
+        save_file({k: v * 1e30 for k, v in load_file(f).items()}, f)  # finite, but their products overflow
+    capsys.readouterr()
+    for argv in (["generate", "--adapter", broken, "w5 w6", "--policy", "none"],
+                 ["calibrate", "--adapter", broken, "--sequences", "2"]):
+        assert main([str(a) for a in argv]) == 2
+        err = capsys.readouterr().err
+        last = err.strip().splitlines()[-1]  # after the loader's own progress lines: only a forward pass can tell
+        assert "logits non-finite" in last and str(broken / "adapter") in last and "Traceback" not in err
+    assert not (broken / "policy.json").exists()
+    atomic_write_json(tmp_path / "x.json", {"a": float("nan"), "b": [float("inf"), 1.5]})
+    assert json.loads((tmp_path / "x.json").read_text()) == {"a": None, "b": [None, 1.5]}

@@ -4,6 +4,7 @@ folder written as a unit appears whole or not at all."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -58,7 +59,19 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def atomic_write_json(path: Path, obj) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2))
+    """Strict JSON: a value that is not a finite number (an undefined ratio) is written as null, never as NaN or
+    Infinity, which JSON does not have and other readers refuse."""
+    atomic_write_text(path, json.dumps(finite_or_null(obj), indent=2, allow_nan=False))
+
+
+def finite_or_null(obj):
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite_or_null(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_or_null(v) for v in obj]
+    return obj
 
 
 def atomic_folder(path: Path, write: Callable[[Path], None]) -> Path:

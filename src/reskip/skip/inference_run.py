@@ -120,6 +120,18 @@ class InferenceRun:
         return make_policy(spec, self.policy_file, self.seed)
 
 
+@torch.no_grad()
+def check_finite(rm, adapter_dir) -> None:
+    """One short pass (16 tokens) with the side-channel as trained: weights that are finite but overflow in the
+    forward pass (logits inf or nan) stop every stage here, naming the adapter, before any work or any file."""
+    vocab = rm.base_model.config.vocab_size
+    ids = (torch.arange(16, device=model_device(rm)) * 7919 % vocab).unsqueeze(0)  # (1, 16), spread over the vocab
+    logits = rm(input_ids=ids, use_cache=False).logits
+    if not torch.isfinite(logits).all():
+        raise ReskipError(f"the adapter {adapter_dir} makes the model's logits non-finite (inf or nan) on a 16-token "
+                          "input: its weights overflow in the forward pass; train it again or restore it")
+
+
 def open_run(path, specs: Sequence[Spec] = (), *, model: str | None = None, dtype: str | torch.dtype = "auto",
              device: str | torch.device = "auto", window: int | None = None, seed: int = 0, trust_remote_code: bool = False,
              dense_fallback: bool = False, require_policy: bool = False, use_policy: bool = True) -> InferenceRun:
@@ -140,6 +152,7 @@ def open_run(path, specs: Sequence[Spec] = (), *, model: str | None = None, dtyp
     # every policy is built here, so a bad spec fails before the model loads; they are kept for use
     policies = {s.text: make_policy(s, policy_file, seed) for s in specs if s.kind in BUILDERS}
     rm, tokenizer = load_retrofitted(source, model, dtype, trust_remote_code, device)
+    check_finite(rm, source.adapter_dir)
     if policy_file is not None:
         policy_file.check_model(rm)
     window = window or (policy_file.data["window"] if policy_file else DEFAULT_WINDOW)
