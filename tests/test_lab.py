@@ -134,10 +134,19 @@ def test_bad_requests_get_a_clear_error_not_a_hung_server(server):
     for change, said in (({"variable": {"name": "tau"}, "value": 0.5, "block": 2}, "unknown variable"),
                          ({"variable": "window", "value": True}, "whole number"),
                          ({"variable": "tau", "value": 0.5, "block": 1e300}, "must lie in [2, 3], got 1e+300"),
-                         ({"variable": "curriculum", "value": False}, "must be a number")):
+                         ({"variable": "curriculum", "value": False}, "must be a number"),
+                         ({"variable": "curriculum", "value": "0.5"}, "must be a number"),  # typed, not coerced
+                         ({"variable": "tau", "value": 0.5, "block": "3"}, "block must be a whole number"),
+                         ({"variable": "window", "value": 2, "note": "x" * 60_000}, "a change takes variable")):
         code, body = _post(server + "/api/run", json.dumps({"text": TEXT, "change": change,
                                                             "prediction": good_prediction}).encode())
         assert code == 200 and said in body["error"], (change, body)
+    code, body = _post(server + "/api/run", json.dumps({"text": TEXT, "change": {"variable": "window", "value": 2},
+                                                        "prediction": {"direction": "better",
+                                                                       "amount_percent": True}}).encode())
+    assert code == 200 and "must be a percentage (a number), got True" in body["error"]
+    code, body = _post(server + "/api/run", json.dumps({"text": TEXT, "extra": 1}).encode())
+    assert code == 400 and "unknown request field(s) 'extra'" in body["error"]
     code, body = _post(server + "/api/run", json.dumps({"text": TEXT, "change": {"variable": ["tau", "window"]},
                                                         "prediction": {"direction": "better"}}).encode())
     assert code == 200 and "at once is refused" in body["error"]  # the lab's own answer, shown in the page
@@ -164,7 +173,9 @@ def test_a_declared_length_past_the_limit_is_refused_unread_and_other_sites_are_
     answer = conn.getresponse()
     assert answer.status == 413 and "at most" in json.loads(answer.read())["error"]
     conn.close()
-    for headers in ({"Host": "evil.example:80"}, {"Origin": "http://evil.example"}):
+    other_port = f"http://{where.hostname}:{where.port + 1}"  # another site on the same loopback address
+    for headers in ({"Host": "evil.example:80"}, {"Origin": "http://evil.example"}, {"Origin": other_port},
+                    {"Origin": f"https://{where.hostname}:{where.port}"}, {"Host": f"{where.hostname}:{where.port + 1}"}):
         req = urllib.request.Request(server + "/api/state", headers=headers)
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(req, timeout=10)

@@ -34,6 +34,7 @@ from .variables import LabError
 MAX_BODY = 64 * 1024  # bytes: a text of MAX_TOKENS tokens is far smaller
 HOST = "127.0.0.1"
 LOOPBACK_NAMES = (HOST, "localhost")  # what Host and Origin may name: the address served on, by number or name
+REQUEST_KEYS = {"text", "change", "prediction"}  # a run request's fields (each typed by the session)
 
 
 class TooLarge(Exception):
@@ -54,15 +55,28 @@ async def _bounded_body(request: Request) -> bytes:
 
 
 def _foreign(request: Request) -> str | None:
-    """Why a request comes from another site, or None: its Host must name the loopback (no DNS rebinding) and
-    its Origin, when a browser sends one, a page served from it."""
-    host = urlsplit("//" + request.headers.get("host", "")).hostname
-    if host not in LOOPBACK_NAMES:
-        return f"the lab answers requests for {HOST} only, not {request.headers.get('host', '')[:80]!r}"
+    """Why a request comes from another site, or None: its Host must name the loopback and the port the lab is
+    served on (no DNS rebinding), and its Origin, when a browser sends one, be the lab's own whole origin: scheme
+    http, the loopback by number or name, and that port (a page from another port of 127.0.0.1 is another site)."""
+    served = (request.scope.get("server") or (HOST, None))[1]  # the port the socket is bound to, not a header's
+    host = urlsplit("//" + request.headers.get("host", ""))
+    if host.hostname not in LOOPBACK_NAMES or (served is not None and _port(host) not in (served, None)):
+        return f"the lab answers requests for {HOST}:{served} only, not {request.headers.get('host', '')[:80]!r}"
     origin = request.headers.get("origin")
-    if origin is not None and urlsplit(origin).hostname not in LOOPBACK_NAMES:
-        return f"the lab answers its own page only, not one from {origin[:80]!r}"
+    if origin is None:
+        return None
+    o = urlsplit(origin)
+    if o.scheme != "http" or o.hostname not in LOOPBACK_NAMES or (served is not None and _port(o) != served):
+        return f"the lab answers its own page only (http://{HOST}:{served}), not one from {origin[:80]!r}"
     return None
+
+
+def _port(parts) -> int | None:
+    """A URL's port, None when it names none or one that is not a number."""
+    try:
+        return parts.port
+    except ValueError:
+        return -1
 
 
 def _static(name: str) -> str:
@@ -99,6 +113,10 @@ def build_app(session: LabSession) -> Starlette:
             return JSONResponse({"error": f"the request is not standard JSON ({e})"}, status_code=400)
         if not isinstance(data, dict):
             return JSONResponse({"error": "the request must be a JSON object"}, status_code=400)
+        unknown = sorted(set(data) - REQUEST_KEYS)
+        if unknown:
+            return JSONResponse({"error": f"unknown request field(s) {', '.join(map(repr, unknown))[:200]}; a run takes "
+                                          f"{', '.join(sorted(REQUEST_KEYS))}"}, status_code=400)
         try:
             result = await run_in_threadpool(session.run, data.get("text"), data.get("change"), data.get("prediction"))
         except LabError as e:

@@ -106,7 +106,8 @@ class LabSession:
         words = [self.tokenizer.decode([int(i)]) for i in ids[0]]
         tau = {str(n): v for n, v in changed.policy.tau.items()}
         entry = {
-            "change": change, "prediction": {"direction": direction, "amount_percent": amount},
+            "change": {k: change[k] for k in ("variable", "value", "block") if k in change},  # only what it read
+            "prediction": {"direction": direction, "amount_percent": amount},
             "measured": {"direction": measured, "ppl_base": a["ppl"], "ppl_changed": b["ppl"],
                          "delta_percent": 100 * rel, "top1_changed": len(top1), "decisions_flipped": len(flipped),
                          "mean_skipped_base": _mean(len(s) for s in a["skipped"]),
@@ -123,13 +124,15 @@ class LabSession:
 def _prediction(p: dict) -> tuple[str, float | None]:
     if not isinstance(p, dict) or p.get("direction") not in DIRECTIONS:
         raise LabError("predict first: is perplexity going to be better, worse or unchanged?")
+    extra = sorted(set(map(str, p)) - {"direction", "amount_percent"})
+    if extra:
+        raise LabError(f"a prediction takes direction and amount_percent, not {', '.join(map(repr, extra))[:200]}")
     amount = p.get("amount_percent")
     if amount in (None, ""):
         return p["direction"], None
-    try:
-        amount = float(amount)
-    except (TypeError, ValueError):
-        raise LabError(f"the predicted amount must be a percentage, got {amount!r}") from None
+    if isinstance(amount, bool) or not isinstance(amount, (int, float)):  # true is not 1%
+        raise LabError(f"the predicted amount must be a percentage (a number), got {amount!r}")
+    amount = float(amount)
     if not (math.isfinite(amount) and 0 <= amount <= 1000):
         raise LabError("the predicted amount must be a percentage between 0 and 1000")
     return p["direction"], amount

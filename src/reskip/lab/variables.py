@@ -53,10 +53,16 @@ def baseline(policy_file: PolicyFile, has_shortcut: bool) -> Setting:
     return Setting(policy_file.reskip(), window, skip_path=path)
 
 
+CHANGE_KEYS = {"variable", "value", "block"}
+
+
 def apply(base: Setting, change: dict, policy_file: PolicyFile, n_blocks: int, has_shortcut: bool) -> Setting:
     """The baseline with exactly one variable changed. change: {"variable": NAME, "value": V, "block": n}."""
     if not isinstance(change, dict):
         raise LabError("a change is an object: {variable, value, block}")
+    extra = sorted(set(map(str, change)) - CHANGE_KEYS - set(VARIABLES))
+    if extra:
+        raise LabError(f"a change takes variable, value and block, not {', '.join(map(repr, extra))[:200]}")
     names = [k for k in change if k in VARIABLES]
     if names:  # the two-variables-at-once shape: {"tau": ..., "window": ...}
         raise LabError(f"changing {', '.join(names)} at once is refused: change one variable per run, or the "
@@ -110,26 +116,21 @@ def apply(base: Setting, change: dict, policy_file: PolicyFile, n_blocks: int, h
 
 
 def _int(v, name: str, lo: int, hi: int) -> int:
-    if isinstance(v, bool):  # JSON true is not 1 here
+    """A JSON number that is whole: never true (not 1) nor the text "3" (a request is typed, not coerced)."""
+    whole = isinstance(v, int) or (isinstance(v, float) and math.isfinite(v) and v.is_integer())
+    if isinstance(v, bool) or not whole:
         raise LabError(f"{name} must be a whole number, got {v!r}")
-    try:
-        x = int(v)
-    except (TypeError, ValueError, OverflowError):
-        raise LabError(f"{name} must be a whole number, got {v!r}") from None
-    if x != v and str(x) != str(v).strip():
-        raise LabError(f"{name} must be a whole number, got {v!r}")
+    x = int(v)
     if not lo <= x <= hi:
         raise LabError(f"{name} must lie in [{lo}, {hi}], got {v!r}")
     return x
 
 
 def _float(v, name: str, lo: float, hi: float) -> float:
-    if isinstance(v, bool):
+    """A JSON number: never true, false or a text."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise LabError(f"{name} must be a number, got {v!r}")
-    try:
-        x = float(v)
-    except (TypeError, ValueError, OverflowError):
-        raise LabError(f"{name} must be a number, got {v!r}") from None
+    x = float(v)
     if not math.isfinite(x) or not lo <= x <= hi:
         raise LabError(f"{name} must lie in [{lo:g}, {hi:g}], got {v!r}")
     return x

@@ -56,13 +56,21 @@ function renderTokens(r) {
   el("tokens").innerHTML = html;
 }
 
+// The request is typed (the lab coerces nothing): a field that reads as a number is sent as one, any other text as
+// text (a word value such as "always", or something the lab will refuse with its reason); empty is no value.
+function typed(text) {
+  const t = text.trim();
+  if (t === "") return null;
+  return isNaN(Number(t)) ? t : Number(t);
+}
+
 async function run() {
   el("error").textContent = ""; el("result").innerHTML = "";
   const checked = document.querySelector("input[name=direction]:checked");
   const body = {
     text: el("text").value,
-    change: {variable: el("variable").value, value: el("value").value, block: Number(el("block").value)},
-    prediction: {direction: checked ? checked.value : null, amount_percent: el("amount").value},
+    change: {variable: el("variable").value, value: typed(el("value").value), block: typed(el("block").value)},
+    prediction: {direction: checked ? checked.value : null, amount_percent: typed(el("amount").value)},
   };
   el("run").disabled = true; el("status").textContent = "running on the model...";
   try {
