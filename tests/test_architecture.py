@@ -17,8 +17,8 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "reskip"
 # The data's way through the package: each stage imports only from stages at or before its own.
 STAGES = {
     "reskip.errors": 0, "reskip.io_atomic": 0, "reskip.cache": 0, "reskip.compat": 0, "reskip.losses": 0,
-    "reskip.version": 0, "reskip.runs": 0, "reskip.memory": 0, "reskip.fusion": 0, "reskip.progress": 0,
-    "reskip.config_fields": 0, "reskip.device_names": 0, "reskip.reading": 0, "reskip.run_lock": 0, "reskip.lora_ranks": 0, "reskip.run_files": 0,
+    "reskip.version": 0, "reskip.run_folder": 0, "reskip.memory": 0, "reskip.fusion": 0, "reskip.progress": 0,
+    "reskip.config_fields": 0, "reskip.device_names": 0, "reskip.reading": 0, "reskip.run_folder.lock": 0, "reskip.lora_ranks": 0, "reskip.run_folder.versions": 0,
     "reskip.ar_retrofit": 1,
     "reskip.backbones": 2, "reskip.train_config": 2, "reskip.stage_options": 2,
     "reskip.data": 3, "reskip.parity_stage": 3,

@@ -434,7 +434,7 @@ def test_readers_refuse_files_nested_beyond_any_reskip_file(tmp_path, kind):
 
 def test_the_run_lock_never_writes_through_a_link(tmp_path):
     """A `.lock` that is a symlink to a file elsewhere is refused in one line; the file it points to is untouched."""
-    from reskip.run_lock import writing
+    from reskip.run_folder.lock import writing
 
     victim = tmp_path / "victim.txt"
     victim.write_text("precious")

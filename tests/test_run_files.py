@@ -5,7 +5,7 @@ import json
 import pytest
 
 from reskip import ReskipError
-from reskip.run_files import FILE_VERSIONS, read_run_file, stamped, upgraded
+from reskip.run_folder.versions import FILE_VERSIONS, read_run_file, stamped, upgraded
 from reskip.train.log import format_summary
 
 
@@ -50,7 +50,7 @@ def test_todays_files_pass_unchanged_and_a_newer_one_is_refused(tmp_path):
 def test_a_file_without_what_its_readers_rely_on_is_one_clear_error(tmp_path, kind):
     """A run file cut short or edited (a key missing, a key of the wrong type) is refused on read, naming the file
     and the key, instead of failing later inside a reader (the report reads these without torch)."""
-    from reskip.run_files import SCHEMAS
+    from reskip.run_folder.versions import SCHEMAS
 
     key = next(iter(SCHEMAS[kind]))
     (tmp_path / kind).write_text(json.dumps({"format_version": FILE_VERSIONS[kind][0]}))

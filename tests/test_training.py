@@ -446,7 +446,7 @@ def test_a_second_writer_of_a_run_folder_is_refused_and_the_first_unharmed(tiny_
     """While one process writes a run (it holds RUN/.lock), `reskip train --out` the same folder is refused in one
     line before anything loads or is removed; the same process may take the lock again (the pipeline's stages)."""
     from reskip.cli import main
-    from reskip.run_lock import writing
+    from reskip.run_folder.lock import writing
 
     cfg = tiny_run()
     run = tmp_path / "run"
@@ -472,7 +472,7 @@ def test_a_second_writer_of_a_run_folder_is_refused_and_the_first_unharmed(tiny_
 
 
 def _hold_lock(run, ready, done):
-    from reskip.run_lock import writing
+    from reskip.run_folder.lock import writing
 
     with writing(run):
         ready.set()
@@ -481,7 +481,7 @@ def _hold_lock(run, ready, done):
 
 def test_a_refused_write_leaves_no_lock_behind(tmp_path):
     from reskip.errors import ReskipError
-    from reskip.run_lock import writing
+    from reskip.run_folder.lock import writing
 
     with pytest.raises(ReskipError):
         with writing(tmp_path / "new" / "run"):
@@ -555,7 +555,7 @@ def test_a_log_record_the_readers_cannot_use_is_refused_by_line(tmp_path, line, 
 def test_what_a_kill_during_a_checkpoint_leaves_is_the_runs_own(tmp_path):
     """A kill while `save_checkpoint` writes leaves its `.tmp-step-N` folder (and atomic temporaries): --overwrite
     takes them for the run's own, while a user's file in checkpoints/ is still refused."""
-    from reskip.runs import RunFolder
+    from reskip.run_folder import RunFolder
     from reskip.train.loop import not_written_by_training
 
     root = tmp_path / "run" / "checkpoints"

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from .io_atomic import atomic_write_json
-from .runs import RunFolder
+from .run_folder import RunFolder
 from .stage_options import ParityOptions
 from .ar_retrofit.blocks import retrofit_blocks
 from .ar_retrofit.config import RetrofitConfig, check_rank

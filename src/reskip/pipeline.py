@@ -35,9 +35,9 @@ from .train.checkpoint import latest_checkpoint
 from .train_config import TrainConfig
 from .train.log import format_summary
 from .train.loop import check_against_backbone, train_run
-from .run_lock import writing
-from .runs import RunFolder
-from .run_files import read_run_file, stamped
+from .run_folder.lock import writing
+from .run_folder import RunFolder
+from .run_folder.versions import read_run_file, stamped
 from .config_fields import check_fields
 from .stage_options import PRESETS, ParityOptions, RunOptions
 

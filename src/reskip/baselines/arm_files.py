@@ -12,6 +12,7 @@ import re
 import typing
 from pathlib import Path
 
+from peft import get_peft_model_state_dict
 from safetensors import SafetensorError, safe_open
 
 from ..config_fields import check_fields
@@ -107,8 +108,6 @@ def adapter_shapes(folder: Path) -> dict[str, list[int]]:
 def check_loaded(model, folder: Path) -> None:
     """Every LoRA tensor of the loaded model came from the file and the file holds no other: a loader's warning
     about missing or unexpected keys is this error."""
-    from peft import get_peft_model_state_dict
-
     expected, held = set(get_peft_model_state_dict(model)), set(adapter_shapes(folder))
     if expected != held:
         raise ReskipError(f"{folder / WEIGHTS} does not fit this arm's model ({len(expected - held)} LoRA tensors "

@@ -16,7 +16,7 @@ from ..backbones.loading import load_backbone, load_config
 from ..config_fields import described
 from ..errors import ReskipError
 from ..reading import read_yaml
-from ..runs import RunFolder
+from ..run_folder import RunFolder
 from ..train_config import TrainConfig, load_yaml
 from .arm_files import check_adapter_files, check_layers, check_loaded, typed_arm
 from .pruning import prune

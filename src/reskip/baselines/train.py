@@ -11,7 +11,7 @@ from pathlib import Path
 from ..backbones.dtypes import resolve_dtype_name
 from ..errors import ReskipError
 from ..reading import read_json
-from ..runs import RunFolder
+from ..run_folder import RunFolder
 from ..train.checkpoint import latest_checkpoint
 from ..train.loop import train_run
 from ..train_config import TrainConfig

@@ -11,7 +11,7 @@ from ..backbones.dtypes import describe, resolve_dtype_name
 from ..config_fields import check_fields
 from ..data.packing import pack
 from ..errors import ReskipError
-from ..run_lock import writing
+from ..run_folder.lock import writing
 from ..skip.policy_file import PolicyFile
 from ..stage_inputs import StageInputs, read_stage_inputs
 from .budget import calibrate_budgets

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from ..reading import read_json
-from ..runs import RunFolder
+from ..run_folder import RunFolder
 from ..stage_options import ParityOptions
 from .common import dtype_flag, examples, retrofit_config, retrofit_flags
 from .options import add_option_flags, options_from_args

@@ -12,7 +12,7 @@ from .options import add_option_flags, options_from_args
 from .common import examples, training_flags, training_values, retrofit_flags, retrofit_values
 from ..reading import read_json
 from ..train.log import format_summary
-from ..runs import RunFolder
+from ..run_folder import RunFolder
 
 
 def run_overrides(args) -> dict:

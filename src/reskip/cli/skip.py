@@ -51,7 +51,7 @@ def cmd_generate(args) -> int:
         args.prompt.encode("utf-8")
     except UnicodeEncodeError:
         raise ReskipError("the prompt is not valid UTF-8 text (it holds undecodable bytes); pass it as UTF-8") from None
-    from ..baselines.arms import is_arm
+    from ..baselines.arms import is_arm  # lazy: torch, PEFT
 
     if is_arm(Path(args.adapter)):
         return _generate_arm(Path(args.adapter), args.prompt, o)
@@ -77,10 +77,10 @@ def cmd_generate(args) -> int:
 
 def _generate_arm(run: Path, prompt: str, o: GenerateOptions) -> int:
     """A trained arm as the plain model it exports (a nested arm at `o.depth`): its reply and how many layers ran."""
-    import torch  # lazy
+    import torch  # lazy: torch
 
-    from ..baselines.arms import arm_layers, load_arm_model, read_arm
-    from ..skip.scoring import encode_prompt
+    from ..baselines.arms import arm_layers, load_arm_model, read_arm  # lazy: torch, PEFT
+    from ..skip.scoring import encode_prompt  # lazy: torch
 
     cfg, arm = read_arm(run)
     drop = arm_layers(arm, run, o.depth)  # a depth the arm does not serve: refused before the model loads

@@ -14,7 +14,7 @@ import yaml
 
 from ..errors import ReskipError
 from ..reading import read_json
-from ..runs import RunFolder
+from ..run_folder import RunFolder
 from ..train_config import TrainConfig, load_yaml
 from ..train.log import format_summary
 from ..config_fields import flag_of

@@ -35,7 +35,7 @@ from ..io_atomic import atomic_write_json, atomic_write_text
 from ..pipeline import PipelineConfig
 from ..progress import Progress
 from ..reading import read_json
-from ..run_lock import writing
+from ..run_folder.lock import writing
 from ..stage_options import PRESETS
 from ..train_config import TrainConfig
 from .measure import measure

@@ -24,7 +24,9 @@ from lm_eval.__main__ import cli_evaluate
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM  # imports the harness's model table first: a registry
 # that is not empty is never filled with the harness's own models, so ours must come after them
+from peft import PeftModel
 
+from ..baselines.arms import arm_layers, load_arm_model, read_arm
 from ..stage_options import DTYPE_NAMES
 from ..device_names import DEVICE_PATTERN
 from ..errors import ReskipError
@@ -93,10 +95,6 @@ class ReskipArmLM(HFLM):
 
     def __init__(self, arm: str | None = None, depth: int | None = None, dtype: str = "auto",
                  device: str | None = None, **kwargs):
-        from peft import PeftModel
-
-        from ..baselines.arms import arm_layers, load_arm_model, read_arm
-
         if not arm:
             raise ReskipError("--model_args needs arm=RUN (a trained arm's folder)")
         depth = _whole("depth", depth, 0)

@@ -19,7 +19,7 @@ from ..data.packing import pack
 from ..data.sources import load_splits
 from ..io_atomic import atomic_write_json
 from ..report.diagnostics import spearman
-from ..runs import RunFolder
+from ..run_folder import RunFolder
 from ..calibrate.options import CalibrateOptions
 from ..skip.inference_run import open_run
 from ..skip.policy_file import PolicyFile

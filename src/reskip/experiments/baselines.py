@@ -53,7 +53,7 @@ from ..io_atomic import atomic_write, atomic_write_json
 from ..pipeline import PRESETS, PipelineConfig
 from ..reading import read_json
 from ..report.figures import fig_baselines
-from ..runs import RunFolder
+from ..run_folder import RunFolder
 from ..ar_retrofit.config import RetrofitConfig
 from ..analysis.statistics import bootstrap_difference
 from ..skip.policy_file import PolicyFile

@@ -26,7 +26,7 @@ from ..io_atomic import atomic_write
 from ..pipeline import PipelineConfig
 from ..reading import read_json
 from ..report.figures import fig_fidelity_frontier
-from ..runs import RunFolder
+from ..run_folder import RunFolder
 from ..skip.policy_file import PolicyFile
 from ..skip.spec import METHOD_KINDS, parse_specs
 from ..train.checkpoint import latest_checkpoint

@@ -30,7 +30,7 @@ from ..baselines.train import train_lora
 from ..errors import ReskipError
 from ..evaluate.against_backbone import Reference
 from ..pipeline import PipelineConfig
-from ..runs import RunFolder
+from ..run_folder import RunFolder
 from ..skip.spec import Spec
 from ..stage_options import PRESETS
 from .baselines import _block_costs, arm_name, arm_slug

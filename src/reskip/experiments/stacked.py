@@ -30,7 +30,7 @@ from ..evaluate.stage import evaluate_run
 from ..pipeline import PipelineConfig
 from ..reading import read_json
 from ..report.diagnose import diagnose_run
-from ..runs import RunFolder
+from ..run_folder import RunFolder
 from ..skip.policy_file import PolicyFile
 from ..skip.spec import METHOD_KINDS, parse_specs
 from ..train.checkpoint import latest_checkpoint

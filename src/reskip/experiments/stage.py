@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..config_fields import check_fields
 from ..errors import ReskipError
-from ..runs import RunFolder
+from ..run_folder import RunFolder
 from . import baselines, block_size, depth_request, frontier, mix, nested, placement, scale, stacked, variants
 from .options import EXPERIMENTS, ExperimentOptions
 from .record import write

@@ -21,7 +21,7 @@ from ..analysis.signal_health import signal_health
 from ..analysis.cost_probe import fit_probes
 from ..analysis.signal_test import signal_test
 from ..progress import Progress
-from ..run_files import stamped
+from ..run_folder.versions import stamped
 from ..skip.spec import parse_spec
 from ..stage_inputs import read_stage_inputs
 from ..train.log import last_eval

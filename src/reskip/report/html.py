@@ -14,8 +14,8 @@ from pathlib import Path
 
 from ..errors import ReskipError
 from ..io_atomic import atomic_write, atomic_write_text
-from ..runs import RunFolder
-from ..run_files import read_run_file
+from ..run_folder import RunFolder
+from ..run_folder.versions import read_run_file
 from ..train.log import read_log
 from .experiments import experiment_sections
 from .options import ReportOptions

@@ -22,7 +22,7 @@ from ..backbones.loading import load_backbone, load_config
 from ..errors import AdapterError, ReskipError
 from ..ar_retrofit.config import ADAPTER_CONFIG_NAME
 from ..ar_retrofit.model import ReskipModel, load_adapter
-from ..runs import RunFolder
+from ..run_folder import RunFolder
 from ..train_config import TrainConfig
 from .policies import SkipPolicy
 from .policy_file import BUILDERS, PolicyFile, dense_if_uncalibrated, make_policy

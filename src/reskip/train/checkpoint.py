@@ -17,7 +17,7 @@ import torch
 
 from ..errors import ReskipError
 from ..io_atomic import atomic_write_text, with_umask
-from ..runs import RunFolder
+from ..run_folder import RunFolder
 
 STATE_NAME = "trainer_state.pt"
 CHECKPOINT_NAME = re.compile(r"step-\d{6}")

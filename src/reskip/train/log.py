@@ -13,7 +13,7 @@ from pathlib import Path
 from ..errors import ReskipError
 from ..io_atomic import atomic_write_text
 from ..reading import is_finite_number, read_jsonl
-from ..run_files import stamped
+from ..run_folder.versions import stamped
 
 
 def append_record(path: Path, record: dict) -> None:

@@ -33,8 +33,8 @@ from ..ar_retrofit.config import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME
 from ..ar_retrofit.model_card import CARD_NAME
 from ..ar_retrofit.model import ReskipModel
 from ..progress import Progress
-from ..run_lock import writing
-from ..runs import RunFolder
+from ..run_folder.lock import writing
+from ..run_folder import RunFolder
 from .checkpoint import CHECKPOINT_NAME, latest_checkpoint, load_checkpoint, save_checkpoint
 from ..train_config import TrainConfig
 from .log import append_record, last_eval, read_log, truncate_after

@@ -12,7 +12,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from .errors import ReskipError
+from ..errors import ReskipError
 
 LOCK_NAME = ".lock"
 _held: dict[Path, list] = {}  # resolved run folder -> [open lock file, depth]

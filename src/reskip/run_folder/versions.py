@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .errors import ReskipError
-from .reading import read_json
+from ..errors import ReskipError
+from ..reading import read_json
 
 
 def _summary_from_1(d: dict) -> None:
