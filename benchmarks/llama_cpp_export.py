@@ -1,0 +1,135 @@
+"""The exported model in llama.cpp, beside the original: both plain Hugging Face folders converted to GGUF by
+llama.cpp's own `convert_hf_to_gguf.py` (the same type for both), then
+
+- speed: `llama-bench` (prompt processing of 512 tokens, generation of 64), original and compressed interleaved,
+  the median of the rounds, and the ratio;
+- fidelity inside llama.cpp: `llama-perplexity --kl-divergence` on held-out text (kjv's test split by default): the
+  original's logits saved once (`--kl-divergence-base`), the compressed model's mean KL to them and the share of
+  positions with the same top token, as llama.cpp computes them, beside each model's perplexity.
+
+llama.cpp is not a dependency of reskip: point --llama-cpp at a checkout built with its tools, e.g. the one vendored
+in the `llama-cpp-python` source archive:
+
+    pip download llama-cpp-python --no-deps --no-binary :all: && tar xzf llama_cpp_python-*.tar.gz
+    cd llama_cpp_python-*/vendor/llama.cpp && cmake -B build -DLLAMA_CURL=OFF && \\
+        cmake --build build --target llama-bench llama-perplexity -j
+    python benchmarks/llama_cpp_export.py --llama-cpp PATH/TO/llama.cpp --compressed smollm2-26/model \\
+        --out docs/results/compress/llama-cpp.json
+
+Prints one JSON line and writes it to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def convert(llama_cpp: Path, folder: Path, out: Path, outtype: str) -> Path:
+    """A plain Hugging Face folder -> one GGUF file, by llama.cpp's converter (its own gguf-py on the path)."""
+    if out.is_file():
+        return out
+    env = {**os.environ, "PYTHONPATH": str(llama_cpp / "gguf-py") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    subprocess.run([sys.executable, str(llama_cpp / "convert_hf_to_gguf.py"), str(folder), "--outtype", outtype,
+                    "--outfile", str(out)], check=True, env=env, capture_output=True, text=True)
+    return out
+
+
+def bench(tool: Path, model: Path, threads: int, prompt: int, gen: int) -> dict:
+    """llama-bench's tokens per second for a prompt of `prompt` tokens and a generation of `gen`."""
+    proc = subprocess.run([str(tool), "-m", str(model), "-p", str(prompt), "-n", str(gen), "-t", str(threads),
+                           "-r", "3", "-o", "json"], check=True, capture_output=True, text=True)
+    rows = json.loads(proc.stdout)
+    out = {}
+    for r in rows:
+        key = f"pp{r['n_prompt']}" if r["n_prompt"] else f"tg{r['n_gen']}"
+        out[key] = r["avg_ts"]
+    return out
+
+
+def kl_divergence(tool: Path, original: Path, compressed: Path, text: Path, base: Path, ctx: int, chunks: int,
+                  threads: int) -> dict:
+    """llama-perplexity's KL of the compressed model to the original's saved logits, on `chunks` windows of `ctx`."""
+    common = ["-f", str(text), "-c", str(ctx), "-b", str(ctx), "--chunks", str(chunks), "-t", str(threads)]
+    first = subprocess.run([str(tool), "-m", str(original), *common, "--kl-divergence-base", str(base)],
+                           check=True, capture_output=True, text=True)
+    second = subprocess.run([str(tool), "-m", str(compressed), "--kl-divergence-base", str(base), "--kl-divergence",
+                             *common], check=True, capture_output=True, text=True)
+    log = second.stdout + second.stderr
+    found = {name: re.search(pattern, log) for name, pattern in (
+        ("mean_kld", r"Mean\s+KLD:\s+([-0-9.e]+)"), ("same_top_p", r"Same top p:\s+([-0-9.e]+)"),
+        ("ppl_compressed", r"Mean PPL\(Q\)\s+:\s+([-0-9.e]+)"), ("ppl_original", r"Mean PPL\(base\)\s+:\s+([-0-9.e]+)"))}
+    out = {k: float(m.group(1)) if m else None for k, m in found.items()}
+    if out["same_top_p"] is not None:
+        out["same_top_p"] /= 100  # llama.cpp prints a percentage
+    out["ppl_original_run"] = _final_ppl(first.stdout + first.stderr)
+    return out
+
+
+def _final_ppl(log: str) -> float | None:
+    m = re.search(r"Final estimate: PPL = ([0-9.]+)", log)
+    return float(m.group(1)) if m else None
+
+
+def heldout_text(path: Path, source: str, documents: int) -> Path:
+    from reskip.data.sources import load_splits
+
+    docs = load_splits([source])[0]["test"][:documents]
+    path.write_text("\n\n".join(d.text for d in docs))
+    return path
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--llama-cpp", required=True, help="a llama.cpp checkout with build/bin/llama-bench and "
+                                                      "llama-perplexity built")
+    p.add_argument("--compressed", required=True, help="the folder `reskip compress` or `reskip export` wrote")
+    p.add_argument("--original", default=None, help="the original as a plain folder (default: the bundled "
+                                                    "SmolLM2-135M-Instruct's converted copy)")
+    p.add_argument("--outtype", default="bf16", choices=("f32", "f16", "bf16", "q8_0"), help="GGUF type of both")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=2, help="interleaved llama-bench rounds per model")
+    p.add_argument("--heldout", default="kjv", help="the held-out text of the KL check")
+    p.add_argument("--ctx", type=int, default=256)
+    p.add_argument("--chunks", type=int, default=16)
+    p.add_argument("--work", default="runs/llama-cpp", help="where the GGUF files and the logits go")
+    p.add_argument("--out", default=None)
+    a = p.parse_args()
+    from reskip.backbones.loading import resolve
+
+    llama_cpp, work = Path(a.llama_cpp), Path(a.work)
+    work.mkdir(parents=True, exist_ok=True)
+    original = Path(a.original) if a.original else Path(resolve(None)[1])
+    t0 = time.perf_counter()
+    ggufs = {name: convert(llama_cpp, folder, work / f"{name}-{a.outtype}.gguf", a.outtype)
+             for name, folder in (("original", original), ("compressed", Path(a.compressed)))}
+    tools = llama_cpp / "build" / "bin"
+    rounds = {name: [] for name in ggufs}
+    for _ in range(a.rounds):  # interleaved: the machine's drift falls on both
+        for name, gguf in ggufs.items():
+            rounds[name].append(bench(tools / "llama-bench", gguf, a.threads, 512, 64))
+    speed = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in rounds.items()}
+    text = heldout_text(work / f"{a.heldout}-test.txt", a.heldout, 200)
+    kld = kl_divergence(tools / "llama-perplexity", ggufs["original"], ggufs["compressed"], text,
+                        work / "original.kld", a.ctx, a.chunks, a.threads)
+    result = {"benchmark": "llama_cpp_export", "outtype": a.outtype, "threads": a.threads, "rounds": a.rounds,
+              "original": str(original), "compressed": a.compressed,
+              "gguf_bytes": {n: g.stat().st_size for n, g in ggufs.items()}, "tokens_per_s": speed,
+              "speedup": {k: speed["compressed"][k] / speed["original"][k] for k in speed["original"]},
+              "heldout": a.heldout, "ctx": a.ctx, "chunks": a.chunks, "kl": kld, "wall_s": time.perf_counter() - t0}
+    line = json.dumps(result)
+    print(line)
+    if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
