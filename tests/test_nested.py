@@ -254,3 +254,20 @@ def test_the_lm_eval_plug_in_serves_an_arm_and_reads_its_arguments_once(nested_r
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == "error: --model_args depth=abc: a whole number >= 0"
+
+
+def test_a_stopped_nested_arm_resumes_to_the_same_adapter(nested_run, tmp_path):
+    """The depth of each step is a pure function of the step: a run stopped after its step-3 checkpoint resumes to
+    the uninterrupted run's adapter, byte for byte."""
+    import shutil
+
+    tmp, cfg, arm, _ = nested_run
+    stopped = tmp_path / "stopped"
+    shutil.copytree(tmp / "nested", stopped)
+    for name in ("adapter", "summary.json", "checkpoints/step-000006"):
+        p = stopped / name
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+    (stopped / "checkpoints" / "latest").write_text("step-000003")
+    train_lora(cfg, arm, stopped, show_progress=False)
+    name = "adapter/adapter_model.safetensors"
+    assert (stopped / name).read_bytes() == (tmp / "nested" / name).read_bytes()
