@@ -10,6 +10,7 @@ llama.cpp's own `convert_hf_to_gguf.py` (the same type for both), then
 llama.cpp is not a dependency of reskip: point --llama-cpp at a checkout built with its tools, e.g. the one vendored
 in the `llama-cpp-python` source archive:
 
+    pip install sentencepiece     # the converter imports it
     pip download llama-cpp-python --no-deps --no-binary :all: && tar xzf llama_cpp_python-*.tar.gz
     cd llama_cpp_python-*/vendor/llama.cpp && cmake -B build -DLLAMA_CURL=OFF && \\
         cmake --build build --target llama-bench llama-perplexity -j
