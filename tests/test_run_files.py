@@ -19,7 +19,8 @@ def test_every_kind_upgrades_its_first_version_to_todays_names(tmp_path):
         "pipeline.json": {"finished": [], "timings": {}, "preset": "quick", "data": ["default"], "delta": 1.0},
         "policy.json": {"adapter": {"side_channel_digest": "x"}, "calibration": {}, "backbone": {}, "delta": 1.0,
                         "quantile": 0.5, "window": 1, "max_skips": 2, "blocks": [], "mean_alpha": {}},
-        "results.json": {"meta": {}, "methods": {}, "frontier": []},
+        "results.json": {"meta": {}, "methods": {"reskip:budget=1.5:held": {}, "static:1": {}}, "frontier": [],
+                         "heldout": {"methods": {"backbone": {}}}},
         "parity.json": {"model": "m", "parity": [], "params": {}},
     }
     assert set(old) == set(FILE_VERSIONS)
@@ -33,6 +34,9 @@ def test_every_kind_upgrades_its_first_version_to_todays_names(tmp_path):
     policy = read_run_file(tmp_path / "policy.json")
     assert policy["adapter"]["forward_config"] is None and policy["calibration"]["wall_s"] is None
     assert policy["adapter"]["legacy_tensor_names"] is True
+    results = read_run_file(tmp_path / "results.json")  # rows typed as today's evaluator writes them
+    assert results["methods"]["reskip:budget=1.5:held"] == {"kind": "reskip", "arguments": {"budget": 1.5}}
+    assert results["methods"]["static:1"]["kind"] == "static" and results["heldout"]["methods"]["backbone"]["kind"] == "backbone"
     for name in FILE_VERSIONS:
         assert read_run_file(tmp_path / name)["format_version"] == FILE_VERSIONS[name][0]
 

@@ -30,6 +30,7 @@ from ..backbones.dtypes import describe, resolve_dtype_name
 from ..config_fields import check_fields
 from ..errors import ReskipError
 from ..io_atomic import atomic_write_json, atomic_write_text
+from ..run_folder.versions import stamped
 from ..skip.spec import Spec
 from ..stage_inputs import read_stage_inputs
 from ..backbones.devices import model_device
@@ -114,7 +115,7 @@ def evaluate_run(run, options: EvalOptions = EvalOptions()) -> Path:
                           "sequences": len(held), "methods": held_results,
                           "frontier": frontier_of(held_results, model.n_blocks)}
     folder = Path(options.out) if options.out else source.files.eval_dir
-    atomic_write_json(folder / "results.json", out)
+    atomic_write_json(folder / "results.json", stamped("results.json", out))
     atomic_write_text(folder / "results.md", markdown(out))
     return folder / "results.json"
 

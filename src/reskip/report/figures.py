@@ -200,25 +200,25 @@ def fig_memory(mem):
     return "Depth-state memory", _png(fig), caption
 
 
-def _family(method: str) -> str:
-    if method.startswith("reskip:budget="):
-        return "reskip (budget)"
-    if method.startswith("reskip"):
-        return "reskip (quantile)"
-    return method.split(":")[0]
+def _family(row: dict) -> str:
+    """A method's family from its typed row (its kind and arguments), as the legend groups them."""
+    if row["kind"] == "reskip":
+        return "reskip (budget)" if "budget" in row.get("arguments", {}) else "reskip (quantile)"
+    return row["kind"]
 
 
 def fig_frontier(results):
     """Every method's point, in-domain (filled) and on the held-out source (hollow) when there is one."""
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
-    tables = [("", results["frontier"], "-", "o")]
+    tables = [("", results["frontier"], results["methods"], "-", "o")]
     if results.get("heldout"):
-        tables.append((f" ({', '.join(results['heldout']['data'])})", results["heldout"]["frontier"], ":", "s"))
+        held = results["heldout"]
+        tables.append((f" ({', '.join(held['data'])})", held["frontier"], held["methods"], ":", "s"))
     colors = {}
-    for suffix, frontier, ls, marker in tables:
+    for suffix, frontier, rows, ls, marker in tables:
         groups = {}
         for f in frontier:
-            groups.setdefault(_family(f["method"]), []).append(f)
+            groups.setdefault(_family(rows[f["method"]]), []).append(f)
         for kind, pts in groups.items():
             pts = sorted(pts, key=lambda p: p["flops_executed_share"])
             color = colors.setdefault(kind, f"C{len(colors)}")

@@ -49,6 +49,19 @@ def _policy_from_2(d: dict) -> None:
         adapter["legacy_tensor_names"] = True
 
 
+def _results_from_1(d: dict) -> None:
+    # rows were keyed by their method's name only: each gets the kind and arguments its name was written with (the
+    # grammar's first word; a budget the one argument a reader of an old file needs)
+    tables = [d.get("methods"), (d.get("heldout") or {}).get("methods")]
+    for rows in (t for t in tables if isinstance(t, dict)):
+        for name, row in rows.items():
+            if isinstance(row, dict) and "kind" not in row:
+                kind, _, rest = str(name).partition(":")
+                budget = rest.split(":")[0][len("budget="):] if rest.startswith("budget=") else None
+                row["kind"] = kind
+                row["arguments"] = {"budget": float(budget)} if budget else {}
+
+
 # file name -> (today's version, {version: the upgrade from it to the next})
 FILE_VERSIONS = {
     "summary.json": (2, {1: _summary_from_1}),
@@ -56,7 +69,7 @@ FILE_VERSIONS = {
     "pipeline.json": (2, {1: _pipeline_from_1}),
     "policy.json": (3, {1: _policy_from_1, 2: _policy_from_2}),
     "parity.json": (1, {}),
-    "results.json": (1, {}),  # the eval stage's (an experiment's results.json is read as it is, by its report)
+    "results.json": (2, {1: _results_from_1}),  # the eval stage's (an experiment's is read as it is, by its report)
 }
 
 
