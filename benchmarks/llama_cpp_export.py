@@ -63,14 +63,20 @@ def kl_divergence(tool: Path, original: Path, compressed: Path, text: Path, base
                            check=True, capture_output=True, text=True)
     second = subprocess.run([str(tool), "-m", str(compressed), "--kl-divergence-base", str(base), "--kl-divergence",
                              *common], check=True, capture_output=True, text=True)
-    log = second.stdout + second.stderr
+    out = parse_kl_log(second.stdout + second.stderr)
+    out["ppl_original_run"] = _final_ppl(first.stdout + first.stderr)
+    return out
+
+
+def parse_kl_log(log: str) -> dict:
+    """llama-perplexity --kl-divergence's summary: mean KL, the share of positions with the same top token, and each
+    model's perplexity (llama.cpp scores the second half of every window)."""
     found = {name: re.search(pattern, log) for name, pattern in (
         ("mean_kld", r"Mean\s+KLD:\s+([-0-9.e]+)"), ("same_top_p", r"Same top p:\s+([-0-9.e]+)"),
         ("ppl_compressed", r"Mean PPL\(Q\)\s+:\s+([-0-9.e]+)"), ("ppl_original", r"Mean PPL\(base\)\s+:\s+([-0-9.e]+)"))}
     out = {k: float(m.group(1)) if m else None for k, m in found.items()}
     if out["same_top_p"] is not None:
         out["same_top_p"] /= 100  # llama.cpp prints a percentage
-    out["ppl_original_run"] = _final_ppl(first.stdout + first.stderr)
     return out
 
 
