@@ -167,18 +167,20 @@ def test_the_nested_and_stacked_experiments_compare_with_what_a_user_would_do_in
             assert d["kl_ratio"]["lo"] <= d["kl_ratio"]["mean"] <= d["kl_ratio"]["hi"]
     assert "Fidelity to the backbone at each depth (kjv)" in (folder / "results.md").read_text()
 
-    assert main(["experiment", "stacked", *common]) == 0
+    assert main(["experiment", "stacked", *common, "--variants", "backbone-teacher"]) == 0
     s = json.loads((out / "experiments" / "stacked" / "results.json").read_text())
+    assert s["variants"] == ["recipe", "backbone-teacher"] and len(s["claims"]) == 6
+    kd_config = (out / "experiments" / "stacked" / "run-backbone-teacher" / "config.yaml").read_text()
+    assert "full_objective: kd" in kd_config
     ev = json.loads((out / "experiments" / "stacked" / "eval" / "results.json").read_text())
     assert ev["meta"]["reference"] == str(model) and ev["methods"]["backbone"]["kl_to_backbone"] == 0
     assert ev["methods"]["retrofit"]["flops_executed_share"] == pytest.approx(5 / 6)  # 5 layers of the original 6
-    assert [p["budget"] for p in s["points"]["test"]] == [0.25, 0.5, 0.75]
+    assert [p["budget"] for p in s["points"]["recipe"]["test"]] == [0.25, 0.5, 0.75]
     for split in ("test", "kjv"):
-        for p in s["points"][split]:
+        for p in s["points"]["recipe"][split] + s["points"]["backbone-teacher"][split]:
             assert 0 <= p["mixture_share_kd2"] <= 1
             assert p["minus_mixture"]["kl"]["mean"] == pytest.approx(p["kl"] - p["mixture_kl"], abs=1e-6)
     assert s["signal_test"] is None or s["signal_test"]["blocks"]
-    assert len(s["claims"]) == 3
 
     assert main(["experiment", "frontier", *common]) == 0
     f = json.loads((out / "experiments" / "frontier" / "results.json").read_text())
@@ -190,6 +192,7 @@ def test_the_nested_and_stacked_experiments_compare_with_what_a_user_would_do_in
         points = f["splits"][split]
         assert points["backbone"]["kind"] == "static" and points["kd-2"]["kind"] == "static"
         assert {"nested:1", "nested:2", "nested-sum:2"} <= set(points) and any(n.startswith("stacked ") for n in points)
+        assert any(n.startswith("stacked-backbone-teacher reskip:budget=") for n in points)
         assert any(n.startswith("backbone-teacher reskip:budget=") for n in points)
         for p in points.values():
             if "minus_mixture" in p:

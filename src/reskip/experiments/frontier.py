@@ -48,15 +48,16 @@ def run(options: ExperimentOptions, folder: Path, show=print) -> dict:
                           "first (its kd-healed models are the static points)")
     nested = read_json(root / "nested" / "results.json")
     recipe = _recipe_eval(options, folder, show)
-    stacked_eval = root / "stacked" / "eval" / "results.json"
-    stacked = read_json(stacked_eval) if stacked_eval.is_file() else None
+    # each stacked variant's eval (eval/: the recipe; eval-VARIANT/: the others), when that experiment has run
+    stacked = {(p.parent.name[len("eval-"):] or "recipe") if p.parent.name != "eval" else "recipe": read_json(p)
+               for p in sorted((root / "stacked").glob("eval*/results.json"))}
     out = {"experiment": "frontier", "preset": options.preset, "model": options.model or DEFAULT_BACKBONE,
            "data": list(options.data), "seed": options.seed, "budgets": list(BUDGETS), "splits": {},
            "training": nested["training"], "recipe_eval": str(folder / "eval" / "results.json"),
-           "stacked": stacked is not None}
+           "stacked": sorted(stacked)}
     for split in SPLITS:
         out["splits"][split] = _split(nested["rows"][split], _methods(recipe, split),
-                                      _methods(stacked, split) if stacked else None, nested["depths"],
+                                      {v: _methods(ev, split) for v, ev in stacked.items()}, nested["depths"],
                                       nested.get("variants", ["nested"]))
     out["claims"] = [c for c in (_claim(out, name) for name in _dynamic_names(out)) if c]
     out["tables"] = {f"Fidelity against compute ({s})": _table(out["splits"][s]) for s in SPLITS}
@@ -92,14 +93,15 @@ def _methods(ev: dict, split: str) -> dict:
     return ev["methods"] if split == "test" else ev["heldout"]["methods"]
 
 
-def _split(nested: dict, recipe: dict, stacked: dict | None, depths: int, variants: list[str]) -> dict:
+def _split(nested: dict, recipe: dict, stacked: dict[str, dict], depths: int, variants: list[str]) -> dict:
     """Every point of one split: static (backbone, kd-k), nested:k, and the dynamic points each beside the static
     mixture at its compute."""
     static = {"backbone": backbone_row(nested["kd-1"]), **{f"kd-{k}": nested[f"kd-{k}"] for k in range(1, depths + 1)}}
     dynamic = {f"{v}:{k}": nested[f"{v}:{k}"] for v in variants for k in range(1, depths + 1)}
     dynamic.update({f"backbone-teacher {name}": r for name, r in recipe.items() if r["kind"] == "reskip"})
-    if stacked:
-        dynamic.update({f"stacked {name}": r for name, r in stacked.items() if r["kind"] == "reskip"})
+    for variant, rows in stacked.items():
+        label = "stacked" if variant == "recipe" else f"stacked-{variant}"
+        dynamic.update({f"{label} {name}": r for name, r in rows.items() if r["kind"] == "reskip"})
     points = {}
     for name, r in {**static, **dynamic}.items():
         same_sequences(r, static["kd-1"])

@@ -44,7 +44,8 @@ class ExperimentOptions(BackboneOptions):
     lrs: list[float] | None = described(None, "baselines: the learning rates every method is trained at, the best "
                                               "on validation kept (None: 0.5, 1 and 2 x the recipe's)", low=1e-12)
     variants: list[str] | None = described(
-        None, "baselines: also these of the recipe's variants at the same total trainable parameters (empty: every one; "
+        None, "baselines, stacked: also these of the recipe's variants (stacked: backbone-teacher); baselines: at the "
+              "same total trainable parameters (empty: every one; "
               "None: none): side+lora (the side-channel at half its rank and a LoRA inside the blocks), full-teacher "
               "(the skip branch distilled toward the full path) and backbone-teacher (the full path distilled toward "
               "the backbone instead of CE on the mix)")

@@ -12,6 +12,10 @@ bootstrap intervals, on the test split and the held-out source. The room a per-t
 model: the diagnose stage's signal test there (w_recent, a fitted cost probe and the hindsight oracle against
 random positions, per block), kept beside the result.
 
+`--variants backbone-teacher` also stacks the retrofit whose full path is distilled toward its backbone, the healed
+model (`full_objective: kd`), instead of trained by cross-entropy on the mix: the recipe's full path moves away from
+the original before anything is skipped.
+
 Needs `reskip experiment nested` finished in the same OUT (its kd-1 and kd-2 arms and their rows).
 """
 
@@ -57,37 +61,63 @@ def run(options: ExperimentOptions, folder: Path, show=print) -> dict:
         show(f"[experiment stacked] exporting {arm} as the backbone of the retrofit")
         export_run(arm, healed, "float32")
     original = options.model or DEFAULT_BACKBONE
+    unknown = sorted(set(options.variants or ()) - set(VARIANTS))
+    if unknown:
+        raise ReskipError(f"stacked: no variant {', '.join(unknown)}; its variants: {', '.join(VARIANTS)}")
+    asked = list(VARIANTS) if options.variants == [] else (options.variants or [])  # [] (the flag alone): all
+    variants = ["recipe", *(v for v in VARIANTS if v in asked and v != "recipe")]
+    out = {"experiment": "stacked", "preset": options.preset, "model": original, "data": list(options.data),
+           "seed": options.seed, "healed_backbone": str(healed), "budgets": list(BUDGETS), "variants": variants,
+           "points": {}, "retrofit": {}, "claims": [], "tables": {}}
+    for variant in variants:
+        pc, ev = _stacked_run(options, folder, healed, original, variant, show)
+        splits = {"test": ev["methods"], HELDOUT: ev["heldout"]["methods"]}
+        points = {s: _points(rows, nested["rows"][s]) for s, rows in splits.items()}
+        out["points"][variant] = points
+        out["retrofit"][variant] = {s: _summary(rows["retrofit"]) for s, rows in splits.items()}
+        out["claims"] += [_claim(points, b, variant) for b in BUDGETS]
+        out["tables"].update({f"Stacked ReSkip ({variant}) against the static mixture ({s})": _table(p)
+                              for s, p in points.items()})
+    files = RunFolder(folder / "run")
+    if not files.diagnostics.is_file():
+        show("[experiment stacked] the signal test on the healed model (oracle and probe headroom)")
+        diagnose_run(files.root, pc_of(options, healed, "recipe").diagnose_options())
+    out.update(static={s: {k: _summary(nested["rows"][s][k]) for k in ("kd-1", "kd-2")} for s in ("test", HELDOUT)},
+               signal_test=_signal(read_json(files.diagnostics)), training=_training(pc_of(options, healed, "recipe")))
+    return out
+
+
+# the retrofit stacked on the healed model: the recipe (its full path trained by CE on the mix), or its full path
+# distilled toward its backbone, the healed model (`full_objective: kd`)
+VARIANTS = {"recipe": {}, "backbone-teacher": {"full_objective": "kd"}}
+
+
+def pc_of(options: ExperimentOptions, healed: Path, variant: str) -> PipelineConfig:
     pc = PipelineConfig(trust_remote_code=options.trust_remote_code, preset=options.preset, model=str(healed),
-                        data=list(options.data), overrides={**options.overrides, "seed": options.seed},
-                        dtype=options.dtype, device=options.device)
+                        data=list(options.data), dtype=options.dtype, device=options.device,
+                        overrides={**options.overrides, "seed": options.seed, **VARIANTS[variant]})
     pc.check()
-    run_dir = folder / "run"
+    return pc
+
+
+def _stacked_run(options: ExperimentOptions, folder: Path, healed: Path, original: str, variant: str, show):
+    """Train, calibrate (budgets between the static points) and evaluate against the original one stacked variant;
+    (its pipeline config, its eval's results)."""
+    pc = pc_of(options, healed, variant)
+    suffix = "" if variant == "recipe" else f"-{variant}"
+    run_dir, ev_dir = folder / f"run{suffix}", folder / f"eval{suffix}"
     files = RunFolder(run_dir)
     if not files.summary.is_file():
-        show("[experiment stacked] training the retrofit on the healed model")
+        show(f"[experiment stacked] training the retrofit ({variant}) on the healed model")
         train_run(run_dir, pc.train_config(), resume=latest_checkpoint(run_dir) is not None,
                   show_progress=not options.quiet, overwrite=True)
     if not files.policy.is_file() or not set(BUDGETS) <= set(PolicyFile.load(files.policy).budgets()):
         calibrate_run(run_dir, dataclasses.replace(pc.calibrate_options(), budgets=BUDGETS))
-    ev_path = folder / "eval" / "results.json"
-    if not ev_path.is_file():
+    if not (ev_dir / "results.json").is_file():
         methods = parse_specs(["backbone", "retrofit", "budgets"], METHOD_KINDS)
         evaluate_run(run_dir, dataclasses.replace(pc.eval_options(), methods=methods, benchmarks=[], heldout=[HELDOUT],
-                                                  reference=original, out=str(folder / "eval")))
-    if not files.diagnostics.is_file():
-        show("[experiment stacked] the signal test on the healed model (oracle and probe headroom)")
-        diagnose_run(run_dir, pc.diagnose_options())
-    ev = read_json(ev_path)
-    splits = {"test": ev["methods"], HELDOUT: ev["heldout"]["methods"]}
-    points = {s: _points(rows, nested["rows"][s]) for s, rows in splits.items()}
-    out = {"experiment": "stacked", "preset": options.preset, "model": original, "data": list(pc.data),
-           "seed": options.seed, "healed_backbone": str(healed), "budgets": list(BUDGETS), "points": points,
-           "static": {s: {k: _summary(nested["rows"][s][k]) for k in ("kd-1", "kd-2")} for s in splits},
-           "signal_test": _signal(read_json(files.diagnostics)), "eval": str(ev_path),
-           "training": _training(pc)}
-    out["claims"] = [_claim(points, b) for b in BUDGETS]
-    out["tables"] = {f"Stacked ReSkip against the static mixture ({s})": _table(p) for s, p in points.items()}
-    return out
+                                                  reference=original, out=str(ev_dir)))
+    return pc, read_json(ev_dir / "results.json")
 
 
 def _summary(row: dict) -> dict:
@@ -119,17 +149,17 @@ def _points(rows: dict, static: dict) -> list[dict]:
     return out
 
 
-def _claim(points: dict, budget: float):
+def _claim(points: dict, budget: float, variant: str):
     at = {s: next((p for p in ps if p["budget"] == budget), None) for s, ps in points.items()}
     if any(p is None for p in at.values()):
-        return claim(f"stacked ReSkip at {budget:g} blocks per step is closer to the original than the static "
-                     "mixture", "the budget was out of the calibrated frontier's reach", None)
+        return claim(f"stacked ReSkip ({variant}) at {budget:g} blocks per step is closer to the original than the "
+                     "static mixture", "the budget was out of the calibrated frontier's reach", None)
     measured = "; ".join(f"{s}: KL {p['kl']:.3f} vs mixture {p['mixture_kl']:.3f}, difference "
                          f"{p['minus_mixture']['kl']['mean']:+.3f} [{p['minus_mixture']['kl']['lo']:+.3f}, "
                          f"{p['minus_mixture']['kl']['hi']:+.3f}] at {p['flops_executed_share']:.3f} of the layer FLOPs"
                          for s, p in at.items())
-    return claim(f"stacked ReSkip at {budget:g} blocks of the healed model per step is closer to the original than "
-                 "the static mixture beyond the 95% interval on every split", measured,
+    return claim(f"stacked ReSkip ({variant}) at {budget:g} blocks of the healed model per step is closer to the "
+                 "original than the static mixture beyond the 95% interval on every split", measured,
                  all(p["minus_mixture"]["kl"]["hi"] < 0 for p in at.values()))
 
 

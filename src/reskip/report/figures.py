@@ -380,7 +380,7 @@ def fig_fidelity_frontier(result: dict):
     splits = list(result["splits"])
     fig, axes = plt.subplots(1, len(splits), figsize=(6.5 * len(splits), 4.5), constrained_layout=True)
     styles = {"nested": ("tab:green", "s"), "nested-sum": ("tab:olive", "s"), "backbone-teacher": ("tab:purple", "^"),
-              "stacked": ("tab:red", "D")}
+              "stacked": ("tab:red", "D"), "stacked-backbone-teacher": ("tab:brown", "D")}
     for ax, split in zip(np.atleast_1d(axes), splits):
         points = result["splits"][split]
         static = sorted((p["flops_executed_share"], p["kl_to_backbone"], n) for n, p in points.items()
