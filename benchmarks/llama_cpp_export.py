@@ -43,6 +43,14 @@ def convert(llama_cpp: Path, folder: Path, out: Path, outtype: str) -> Path:
     return out
 
 
+def quantize(tool: Path, gguf: Path, kind: str) -> Path:
+    """llama-quantize's `kind` (e.g. Q4_1, the bundled original's type) of a converted GGUF file."""
+    out = gguf.with_name(gguf.stem.rsplit("-", 1)[0] + f"-{kind.lower()}.gguf")
+    if not out.is_file():
+        subprocess.run([str(tool), str(gguf), str(out), kind], check=True, capture_output=True, text=True)
+    return out
+
+
 def bench(tool: Path, model: Path, threads: int, prompt: int, gen: int) -> dict:
     """llama-bench's tokens per second for a prompt of `prompt` tokens and a generation of `gen`."""
     proc = subprocess.run([str(tool), "-m", str(model), "-p", str(prompt), "-n", str(gen), "-t", str(threads),
@@ -101,6 +109,10 @@ def main() -> None:
     p.add_argument("--original", default=None, help="the original as a plain folder (default: the bundled "
                                                     "SmolLM2-135M-Instruct's converted copy)")
     p.add_argument("--outtype", default="bf16", choices=("f32", "f16", "bf16", "q8_0"), help="GGUF type of both")
+    p.add_argument("--quantize", default=None, help="then quantize both with llama-quantize to this type (e.g. Q4_1, "
+                                                    "the bundled original's own)")
+    p.add_argument("--original-gguf", default=None, help="the original as a GGUF file as shipped (e.g. the bundled "
+                                                         "Q4_1 file), instead of converting --original")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=2, help="interleaved llama-bench rounds per model")
     p.add_argument("--heldout", default="kjv", help="the held-out text of the KL check")
@@ -115,9 +127,13 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     original = Path(a.original) if a.original else Path(resolve(None)[1])
     t0 = time.perf_counter()
+    tools = llama_cpp / "build" / "bin"
     ggufs = {name: convert(llama_cpp, folder, work / f"{name}-{a.outtype}.gguf", a.outtype)
              for name, folder in (("original", original), ("compressed", Path(a.compressed)))}
-    tools = llama_cpp / "build" / "bin"
+    if a.quantize:
+        ggufs = {n: quantize(tools / "llama-quantize", g, a.quantize) for n, g in ggufs.items()}
+    if a.original_gguf:
+        ggufs["original"] = Path(a.original_gguf)
     rounds = {name: [] for name in ggufs}
     for _ in range(a.rounds):  # interleaved: the machine's drift falls on both
         for name, gguf in ggufs.items():
@@ -125,8 +141,9 @@ def main() -> None:
     speed = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in rounds.items()}
     text = heldout_text(work / f"{a.heldout}-test.txt", a.heldout, 200)
     kld = kl_divergence(tools / "llama-perplexity", ggufs["original"], ggufs["compressed"], text,
-                        work / "original.kld", a.ctx, a.chunks, a.threads)
-    result = {"benchmark": "llama_cpp_export", "outtype": a.outtype, "threads": a.threads, "rounds": a.rounds,
+                        work / f"{ggufs['original'].stem}.kld", a.ctx, a.chunks, a.threads)
+    result = {"benchmark": "llama_cpp_export", "outtype": a.outtype, "quantize": a.quantize,
+              "original_gguf": a.original_gguf, "threads": a.threads, "rounds": a.rounds,
               "original": str(original), "compressed": a.compressed,
               "gguf_bytes": {n: g.stat().st_size for n, g in ggufs.items()}, "tokens_per_s": speed,
               "speedup": {k: speed["compressed"][k] / speed["original"][k] for k in speed["original"]},
