@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..analysis.statistics import bootstrap_difference, bootstrap_mean_difference
-from .record import claim
+from .record import claim, interval_text
 
 SPLITS = ("test", "kjv")
 RECIPE_ROWS = {"retrofit": "retrofit", "reskip:budget=1": "ReSkip, budget 1", "reskip:budget=1:held": "ReSkip, budget 1, held",
@@ -88,10 +88,6 @@ def intervals(rows: dict, variants=(), heal=("ce",)) -> dict:
     return out
 
 
-def _ci(d: dict) -> str:
-    return f"{d['mean']:+.4f} [{d['lo']:+.4f}, {d['hi']:+.4f}]"
-
-
 def claims(r: dict) -> list[dict]:
     iv = r["intervals"]
     out = fidelity_claims(r)
@@ -100,7 +96,7 @@ def claims(r: dict) -> list[dict]:
         for s in SPLITS:
             d = iv[f"{key} - lora ({s})"]
             out.append(claim(f"nothing skipped, {label} beats a parameter-matched LoRA beyond the interval ({s})",
-                             f"{key} - lora = {_ci(d)}", d["hi"] < 0))
+                             f"{key} - lora = {interval_text(d)}", d["hi"] < 0))
     for k in (1, 2):
         skipping = [(f"reskip:budget={k}", "ReSkip"), (f"sequence:{k}", "per-sequence selection")]
         skipping += [(variant_row(v, f"reskip:budget={k}"), f"{v}, ReSkip") for v in r.get("variants", [])]
@@ -112,7 +108,7 @@ def claims(r: dict) -> list[dict]:
                     out.append(claim(text, f"no {key} on this model", None))
                     continue
                 skips = r["rows"][key]["blocks_skipped"][s]
-                out.append(claim(text, f"{label} - healed = {_ci(d)} ({label} skips {skips:.2f} blocks per step)",
+                out.append(claim(text, f"{label} - healed = {interval_text(d)} ({label} skips {skips:.2f} blocks per step)",
                                  d["hi"] < 0))
     return out
 
@@ -127,7 +123,7 @@ def fidelity_claims(r: dict) -> list[dict]:
                 d = fid.get(f"{healed_key(k, h)} - healed-static:{k} ({split})")
                 if d is not None:
                     out.append(claim(f"at {k} block(s) removed, healing by {h} is closer to the backbone than by ce "
-                                     f"beyond the interval ({split})", f"KL {h} - ce = {_ci(d)}", d["hi"] < 0))
+                                     f"beyond the interval ({split})", f"KL {h} - ce = {interval_text(d)}", d["hi"] < 0))
     return out
 
 
@@ -187,8 +183,8 @@ def tables(r: dict) -> dict:
     fid = r.get("fidelity_intervals", {"kl": {}, "top1": {}})
     iv = ["| difference | KL to backbone [95% CI] | top-1 agreement [95% CI] | ppl / backbone [95% CI] |",
           "| --- | --- | --- | --- |"]
-    iv += [f"| {k} | {_ci(fid['kl'][k]) if k in fid['kl'] else '-'} | {_ci(fid['top1'][k]) if k in fid['top1'] else '-'} "
-           f"| {_ci(d)} |" for k, d in r["intervals"].items()]
+    iv += [f"| {k} | {interval_text(fid['kl'][k]) if k in fid['kl'] else '-'} | {interval_text(fid['top1'][k]) if k in fid['top1'] else '-'} "
+           f"| {interval_text(d)} |" for k, d in r["intervals"].items()]
     bb = r["backbone_blocks"]
     blocks = ["| block | layers | A(n) on the backbone | cos(in, out) |", "| --- | --- | --- | --- |"]
     blocks += [f"| {n} | {layers[0]}-{layers[-1]} | {bb['A'][str(n)]:.3f} | {bb['cos_in_out'][str(n)]:.4f} |"
@@ -200,7 +196,7 @@ def tables(r: dict) -> dict:
              "method - static [95% CI] |", "| --- | --- | --- | --- | --- | --- |"]
     spent += [f"| {sp} | {x['method']} | {x['skipped']:.2f} | {x['ppl_ratio']:.4f} | "
               f"{'-' if x['static_ppl_ratio'] is None else format(x['static_ppl_ratio'], '.4f')} ({x['static']}) | "
-              f"{_ci(x['minus_static']) if 'minus_static' in x else '-'} |"
+              f"{interval_text(x['minus_static']) if 'minus_static' in x else '-'} |"
               for sp in SPLITS for x in r["at_spent_compute"][sp]]
     return {"Every method at 0, 1 and 2 blocks per step: fidelity to the backbone first (KL per position, top-1 "
             "agreement), perplexity / the backbone's beside it": _main_table(r),
@@ -237,7 +233,7 @@ def fidelity_verdict(r: dict) -> str:
             for split in SPLITS:
                 d = fid.get(f"{healed_key(k, h)} - healed-static:{k} ({split})")
                 if d is not None:
-                    parts.append(f"KL of healing by {h} minus by ce at {k} block(s), {split}: {_ci(d)}.")
+                    parts.append(f"KL of healing by {h} minus by ce at {k} block(s), {split}: {interval_text(d)}.")
     return " ".join(parts)
 
 
@@ -251,7 +247,7 @@ def verdict(r: dict) -> str:
             if d is None:
                 return f"{subject}: {a} not measured on this model."
             how = "beats" if d["hi"] < 0 else "loses to" if d["lo"] > 0 else "is not separated from"
-            parts.append(f"{how} {other} on {s} ({_ci(d)})")
+            parts.append(f"{how} {other} on {s} ({interval_text(d)})")
         return f"{subject}, {a} " + " and ".join(parts) + "."
 
     variants = r.get("variants", [])

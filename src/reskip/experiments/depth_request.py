@@ -38,7 +38,7 @@ from ..reading import read_json
 from ..stage_options import PRESETS
 from .baselines import arm_name, arm_slug
 from .options import ExperimentOptions
-from .record import claim
+from .record import claim, interval_text
 
 PROMPT_SHARE = 4  # each scored sequence's first quarter is its prompt (64 tokens of the standard 256)
 SIGNALS = ("prompt_nll", "prompt_entropy", "prompt_gap")
@@ -227,6 +227,6 @@ def _table(rows: list[dict]) -> list[str]:
         d = r["routed_minus_mixture"]
         lines.append(f"| {r['target']:g} | {r['mean_depth']:.2f} | {r['flops_share']:.3f} | {r['routed']['kl']:.4f} "
                      f"| {r['mixture']['kl']:.4f} | {r['oracle']['kl']:.4f} | "
-                     + " | ".join(f"{d[m]['mean']:+.4f} [{d[m]['lo']:+.4f}, {d[m]['hi']:+.4f}]" for m in ("kl", "top1"))
+                     + " | ".join(interval_text(d[m]) for m in ("kl", "top1"))
                      + f" | {r['routed']['top1']:.3f} | {r['mixture']['top1']:.3f} |")
     return lines

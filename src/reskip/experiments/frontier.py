@@ -32,7 +32,7 @@ from ..skip.spec import METHOD_KINDS, parse_specs
 from ..train.checkpoint import latest_checkpoint
 from ..train.loop import train_run
 from .options import ExperimentOptions
-from .record import claim
+from .record import claim, interval_text
 from .static_mixture import backbone_row, minus_mixture, mixture, same_sequences
 
 BUDGETS = (0.5, 1.0, 1.5, 2.0)
@@ -49,7 +49,7 @@ def run(options: ExperimentOptions, folder: Path, show=print) -> dict:
     nested = read_json(root / "nested" / "results.json")
     recipe = _recipe_eval(options, folder, show)
     # each stacked variant's eval (eval/: the recipe; eval-VARIANT/: the others), when that experiment has run
-    stacked = {(p.parent.name[len("eval-"):] or "recipe") if p.parent.name != "eval" else "recipe": read_json(p)
+    stacked = {p.parent.name.removeprefix("eval").removeprefix("-") or "recipe": read_json(p)
                for p in sorted((root / "stacked").glob("eval*/results.json"))}
     out = {"experiment": "frontier", "preset": options.preset, "model": options.model or DEFAULT_BACKBONE,
            "data": list(options.data), "seed": options.seed, "budgets": list(BUDGETS), "splits": {},
@@ -136,7 +136,7 @@ def _table(points: dict) -> list[str]:
         mix = p.get("mixture")
         d = p.get("minus_mixture")
         there = "-" if not mix else f"{mix['kl']:.4f} ({mix['between'][0]} / {mix['between'][1]}, f {mix['share_deeper']:.2f})"
-        cells = ["-", "-"] if not d else [f"{d[m]['mean']:+.4f} [{d[m]['lo']:+.4f}, {d[m]['hi']:+.4f}]"
+        cells = ["-", "-"] if not d else [interval_text(d[m])
                                           for m in ("kl", "top1")]
         lines.append(f"| {name} | {p['kind']} | {p['flops_executed_share']:.3f} | {p['kl_to_backbone']:.4f} "
                      f"| {p['top1_agreement']:.3f} | {p['ppl_ratio']:.3f} | {there} | {cells[0]} | {cells[1]} |")

@@ -35,7 +35,7 @@ from ..skip.spec import Spec
 from ..stage_options import PRESETS
 from .baselines import _block_costs, arm_name, arm_slug
 from .options import ExperimentOptions
-from .record import claim
+from .record import claim, interval_text
 
 RANK_BY = "kl"  # the nested order: the middle blocks by KL(backbone || the block removed), cheapest first
 HELDOUT = ("kjv",)
@@ -119,7 +119,7 @@ def table(out: dict, split: str) -> list[str]:
         variant, _, k = name.partition(":")
         d = out["minus_separate"].get(variant, {}).get(split, {}).get(k)
         cells = ("-", "-") if d is None else tuple(
-            f"{d[m]['mean']:+.4f} [{d[m]['lo']:+.4f}, {d[m]['hi']:+.4f}]" for m in ("kl", "top1"))
+            interval_text(d[m]) for m in ("kl", "top1"))
         lines.append(f"| {name} | {r['mean_skipped']:g} | {r['flops_executed_share']:.3f} | {r['kl_to_backbone']:.4f} "
                      f"| {r['top1_agreement']:.3f} | {r['ppl_ratio']:.3f} | {cells[0]} | {cells[1]} |")
     return lines

@@ -20,6 +20,11 @@ def claim(text: str, measured: str, held: bool | None) -> dict:
             "verdict": "held" if held else ("did not hold" if held is False else "undecided")}
 
 
+def interval_text(d: dict) -> str:
+    """A difference with its 95% interval, as every experiment's tables print it: +0.0123 [-0.0045, +0.0290]."""
+    return f"{d['mean']:+.4f} [{d['lo']:+.4f}, {d['hi']:+.4f}]"
+
+
 def write(folder: Path, result: dict) -> Path:
     folder = Path(folder)
     atomic_write_json(folder / RESULTS, result)

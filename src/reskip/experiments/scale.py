@@ -26,7 +26,7 @@ import numpy as np
 
 from ..backbones.loading import DEFAULT_BACKBONE
 from ..run_folder.versions import read_run_file
-from .record import claim
+from .record import claim, interval_text
 from ..errors import ReskipError
 from ..pipeline import PipelineConfig, config_of, run_pipeline
 from .options import ExperimentOptions
@@ -170,7 +170,7 @@ def claims(arms: dict) -> list[dict]:
             r = _at(a, split, 1.0)
             d = None if r is None else r.get("reskip_minus_static")
             out.append(claim(f"{name}: at one block per step ReSkip is below static beyond the interval ({split})",
-                             "-" if d is None else f"reskip - static = {d['mean']:+.4f} [{d['lo']:+.4f}, {d['hi']:+.4f}]",
+                             "-" if d is None else f"reskip - static = {interval_text(d)}",
                              None if d is None else d["hi"] < 0))
         r = _at(a, "test", 2.0)
         out.append(claim(f"{name}: at two blocks per step within {GOAL_AT_TWO:.2f} x the backbone's perplexity (test)",
@@ -197,7 +197,7 @@ def tables(arms: dict) -> dict:
         for split in ("test", "kjv"):
             for r in a["frontier"].get(split) or []:
                 d = r.get("reskip_minus_static")
-                ci = "-" if d is None else f"{d['mean']:+.4f} [{d['lo']:+.4f}, {d['hi']:+.4f}]"
+                ci = "-" if d is None else interval_text(d)
                 front.append(f"| {n} | {split} | {r['budget']:g} | {r['mean_skipped']:.2f} | {r['reskip']:.4f} "
                              f"| {r['baselines_at']:g} | {_f(r['static'])} | {_f(r['influence'])} | {_f(r['random'])} "
                              f"| {ci} |")

@@ -41,7 +41,7 @@ from ..train.checkpoint import latest_checkpoint
 from ..train.loop import train_run
 from .baselines import arm_name, arm_slug
 from .options import ExperimentOptions
-from .record import claim
+from .record import claim, interval_text
 from .static_mixture import minus_mixture, mixture, same_sequences
 
 BUDGETS = (0.25, 0.5, 0.75)  # blocks of the healed model per step: between the static points
@@ -171,7 +171,7 @@ def _table(points: list[dict]) -> list[str]:
         lines.append(f"| {p['method']} | {p['flops_executed_share']:.3f} | {p['kl']:.4f} | {p['top1']:.3f} "
                      f"| {p['ppl_ratio']:.3f} | {p['mixture_share_kd2']:.2f} | {p['mixture_kl']:.4f} "
                      f"| {p['mixture_top1']:.3f} | " + " | ".join(
-                         f"{d[m]['mean']:+.4f} [{d[m]['lo']:+.4f}, {d[m]['hi']:+.4f}]" for m in ("kl", "top1")) + " |")
+                         interval_text(d[m]) for m in ("kl", "top1")) + " |")
     return lines
 
 
