@@ -115,3 +115,13 @@ def tiny_trained_run(tmp, calibrate: list[str] | None = None):
     if calibrate is not None:
         assert main(["calibrate", "--adapter", str(run), "--sequences", "4", "--delta", "100", *calibrate]) == 0
     return run
+
+
+def tiny_train_config(model, corpus, **overrides):
+    """A TrainConfig of a few steps on a tiny model and corpus (float32, blocks of one layer): the trained arms and
+    runs of the tests, each changing what it needs."""
+    from reskip.train_config import TrainConfig
+
+    base = dict(model=str(model), data=[str(corpus)], seq_len=16, steps=2, batch_size=2, eval_every=2, save_every=2,
+                eval_sequences=2, lr=1e-2, dtype="float32", retrofit={"block_size": 1, "rank": 8})
+    return TrainConfig(**{**base, **overrides})

@@ -8,20 +8,18 @@ import shutil
 
 import pytest
 
-from helpers import save_tiny, write_corpus
+from helpers import save_tiny, tiny_train_config, write_corpus
 from reskip.baselines.arm_files import TRAINED_ON
 from reskip.baselines.arms import LoraArm
 from reskip.baselines.train import train_lora
 from reskip.cli import main
-from reskip.train_config import TrainConfig
 
 
 @pytest.fixture(scope="module")
 def arms(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("armfiles")
     model, corpus = save_tiny(tmp / "model", "llama"), write_corpus(tmp / "corpus", n_docs=200)
-    cfg = TrainConfig(model=str(model), data=[str(corpus)], seq_len=16, steps=2, batch_size=2, eval_every=2,
-                      save_every=2, eval_sequences=2, lr=1e-2, dtype="float32", retrofit={"block_size": 1, "rank": 8})
+    cfg = tiny_train_config(model, corpus)
     train_lora(cfg, LoraArm(params=2_000, drop_layers=[2, 3], drop_blocks=[3, 4], objective="kd"), tmp / "healed",
                show_progress=False)
     train_lora(cfg, LoraArm(params=2_000), tmp / "lora", show_progress=False)

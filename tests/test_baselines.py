@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from helpers import FAMILIES, save_tiny, tiny_model, write_corpus
+from helpers import FAMILIES, save_tiny, tiny_model, tiny_train_config, write_corpus
 from reskip import compat
 from reskip.ar_retrofit.config import RetrofitConfig
 from reskip.ar_retrofit.model import retrofit
@@ -81,9 +81,7 @@ def tiny_data(tmp_path_factory):
 
 def _config(tiny_data, **kw):
     _, model, corpus = tiny_data
-    base = dict(model=str(model), data=[str(corpus)], seq_len=16, steps=4, batch_size=2, eval_every=2, save_every=2,
-                eval_sequences=2, lr=1e-2, dtype="float32", retrofit={"block_size": 1, "rank": 8})
-    return TrainConfig(**{**base, **kw})
+    return tiny_train_config(model, corpus, **{"steps": 4, **kw})
 
 
 def test_healed_training_resumes_to_the_same_adapter_and_exports_a_plain_model(tiny_data, tmp_path, capsys):

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from helpers import FAMILIES, save_tiny, tiny_model, write_corpus
+from helpers import FAMILIES, save_tiny, tiny_model, tiny_train_config, write_corpus
 from reskip import compat
 from reskip.baselines.arms import LoraArm, load_arm_model
 from reskip.baselines.train import train_lora
@@ -17,7 +17,6 @@ from reskip.cli import main
 from reskip.evaluate.against_backbone import Reference
 from reskip.skip.spec import METHOD_KINDS, parse_specs
 from reskip.train.schedules import nested_depth
-from reskip.train_config import TrainConfig
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -56,8 +55,7 @@ def test_every_depth_once_in_each_cycle_and_the_same_on_resume():
 def nested_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("nested")
     model, corpus = save_tiny(tmp / "model", "llama"), write_corpus(tmp / "corpus", n_docs=200)
-    cfg = TrainConfig(model=str(model), data=[str(corpus)], seq_len=16, steps=6, batch_size=2, eval_every=3,
-                      save_every=3, eval_sequences=2, lr=2e-2, dtype="float32", retrofit={"block_size": 1, "rank": 8})
+    cfg = tiny_train_config(model, corpus, steps=6, eval_every=3, save_every=3, lr=2e-2)
     arm = LoraArm(params=3_000, objective="kd", nested_blocks=[3, 5], nested_layers=[[2], [4]])
     summary = train_lora(cfg, arm, tmp / "nested", show_progress=False)
     return tmp, cfg, arm, summary
