@@ -1,9 +1,13 @@
 """Healing objectives side by side at one budget: the backbone's cheapest K blocks removed and healed by the same
 parameter-matched LoRA, on the same tokens and schedule, with `ce`, `kd` and `kd+ce` (`baselines.healing`); every
 arm scored by `reskip eval` against the backbone on the test split and the held-out kjv (KL, top-1 agreement,
-perplexity). Prints one JSON line and writes OUT/results.json.
+perplexity). Prints one JSON line and writes OUT/results[-VARIANT].json.
 
     python benchmarks/heal_objectives.py --out runs/heal --preset standard --lr 0.004 --objectives ce kd
+
+Healing capacity and tokens beyond the matched budget (the product path's table): `--params-mult 8` (a LoRA of 8x
+the side-channel's count), `--full-layers 2` (the two kept layers next to the cut and the final norm trained in
+full, beside the matched LoRA on the other layers), `--steps 1000` (10x the standard preset's tokens).
 """
 
 from __future__ import annotations
@@ -36,11 +40,20 @@ def main() -> None:
     ap.add_argument("--drop", type=int, default=1, help="blocks removed (the backbone's cheapest by its own A(n))")
     ap.add_argument("--objectives", nargs="+", default=["ce", "kd"])
     ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--params-mult", type=float, default=1.0, help="the LoRA's parameters, x the side-channel's")
+    ap.add_argument("--full-layers", type=int, default=0, help="kept layers next to the cut trained in full")
+    ap.add_argument("--full-lr-mult", type=float, default=0.1, help="their learning rate, x --lr")
+    ap.add_argument("--steps", type=int, default=None, help="training steps (default: the preset's)")
     args = ap.parse_args()
     out = Path(args.out)
     pc = PipelineConfig(preset=args.preset)
-    cfg = TrainConfig.from_dict({**pc.train_config().to_dict(), "lr": args.lr})
-    target = count_params(load_config(cfg.model), cfg.retrofit_config()).new_params
+    cfg = TrainConfig.from_dict({**pc.train_config().to_dict(), "lr": args.lr,
+                                 **({"steps": args.steps} if args.steps else {})})
+    target = round(args.params_mult * count_params(load_config(cfg.model), cfg.retrofit_config()).new_params)
+    suffix = "".join([f"-p{args.params_mult:g}" if args.params_mult != 1 else "",
+                      f"-full{args.full_layers}" if args.full_layers else "",
+                      f"-{cfg.steps}steps" if args.steps else "",
+                      f"-t{args.temperature:g}" if args.temperature != 1 else ""])
     splits, _ = load_splits(cfg.data)
     model, tok = load_backbone(cfg.model, cfg.dtype)
     calib = pack(tok, splits["calib"], cfg.seq_len, PRESETS[args.preset]["calibrate"]["sequences"], seed=0)
@@ -50,9 +63,10 @@ def main() -> None:
     arms = {}
     for objective in args.objectives:
         arm = LoraArm(params=target, drop_layers=sorted(costs.layers_of(blocks)), drop_blocks=blocks,
-                      objective=objective, temperature=args.temperature)
+                      objective=objective, temperature=args.temperature, full_layers=args.full_layers,
+                      full_lr_mult=args.full_lr_mult)
         t0 = time.time()
-        s = train_lora(cfg, arm, out / f"healed-{args.drop}-{objective}", show_progress=True)
+        s = train_lora(cfg, arm, out / f"healed-{args.drop}-{objective}{suffix}", show_progress=True)
         arms[objective] = {"summary": s, "wall_s": time.time() - t0}
     # the eval's host: a retrofit run of the same backbone and data (its adapter is not scored: only the
     # backbone's references and the model methods are)
@@ -61,9 +75,10 @@ def main() -> None:
         train_run(host, TrainConfig.from_dict({**cfg.to_dict(), "steps": 1, "batch_size": 1, "eval_every": 1,
                                                "save_every": 1, "eval_sequences": 1}), show_progress=False,
                   overwrite=True)
-    methods = ["backbone", f"pruned:{args.drop}", *(f"healed:{out / f'healed-{args.drop}-{o}'}" for o in args.objectives)]
+    methods = ["backbone", f"pruned:{args.drop}",
+               *(f"healed:{out / f'healed-{args.drop}-{o}{suffix}'}" for o in args.objectives)]
     ev = evaluate_run(host, EvalOptions(methods=parse_specs(methods, METHOD_KINDS), heldout=["kjv"], benchmarks=[],
-                                        seq_len=cfg.seq_len, quiet=True, out=str(out / "eval"),
+                                        seq_len=cfg.seq_len, quiet=True, out=str(out / f"eval{suffix}"),
                                         calib_sequences=PRESETS[args.preset]["calibrate"]["sequences"],
                                         **PRESETS[args.preset]["eval"] | {"mc_limit": 1}))
     r = json.loads(Path(ev).read_text())
@@ -72,11 +87,14 @@ def main() -> None:
             for name in r["methods"]}
     result = {"preset": args.preset, "lr": args.lr, "drop_blocks": blocks, "A": costs.A, "params": target,
               "tokens": cfg.steps * cfg.batch_size * cfg.seq_len, "temperature": args.temperature,
+              "full_layers": args.full_layers, "full_lr_mult": args.full_lr_mult,
               "arms": {o: {"val_ppl": a["summary"]["ppl_full"]["end"], "val_kl": a["summary"]["kl_full"]["end"],
-                           "val_ppl_backbone": a["summary"]["ppl_backbone"], "train_wall_s": a["summary"]["train_wall_s"]}
+                           "val_ppl_backbone": a["summary"]["ppl_backbone"], "train_wall_s": a["summary"]["train_wall_s"],
+                           "lora_parameters": a["summary"]["lora"]["parameters"],
+                           "full_parameters": a["summary"]["lora"].get("full_parameters", 0)}
                        for o, a in arms.items()},
               "rows": rows}
-    (out / "results.json").write_text(json.dumps(result, indent=1))
+    (out / f"results{suffix}.json").write_text(json.dumps(result, indent=1))
     print(json.dumps(result))
 
 

@@ -96,6 +96,12 @@ def decoder_body(model: nn.Module) -> nn.Module:
     return model.model
 
 
+def final_norm(model: nn.Module) -> nn.Module:
+    """The decoder's final norm, the module between the last layer and the LM head (`model.model.norm` in every
+    supported family)."""
+    return decoder_body(model).norm
+
+
 def output_head(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None, float | None]:
     """(weight (V, d), bias (V,) or None, final logit soft-cap or None): logits = cap tanh(head(h) / cap),
     as the family's own forward computes them (Gemma's soft-cap where its config sets one)."""

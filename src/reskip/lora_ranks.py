@@ -51,12 +51,15 @@ def lora_parameters(costs: list[int], ranks: list[int]) -> int:
     return sum(c * r for c, r in zip(costs, ranks))
 
 
-def matched_lora_config(model: nn.Module, target: int) -> tuple:
+def matched_lora_config(model: nn.Module, target: int, in_full: list[str] | None = None,
+                        full_layers: list[int] = ()) -> tuple:
     """(the PEFT LoraConfig whose trainable parameters on `model` come nearest `target`, its accounting: {ranks
-    per layer, parameters, target, rel_diff})."""
+    per layer, parameters, target, rel_diff}). `in_full`: qualified names of modules trained in full instead
+    (`baselines.full_layers`; PEFT's modules_to_save), among them the decoder layers `full_layers`, which then
+    carry no LoRA: the ranks are dealt over the other layers."""
     from peft import LoraConfig  # lazy: counting parameters needs no PEFT until a LoRA is asked for
 
-    layers = projections(model)
+    layers = [layer for i, layer in enumerate(projections(model)) if i not in set(full_layers)]
     costs = [rank_cost(layer) for layer in layers]
     ranks = matched_ranks(costs, target)
     full = [min(min(m.in_features, m.out_features) for _, m in layer) for layer in layers]  # a rank's ceiling
@@ -74,6 +77,7 @@ def matched_lora_config(model: nn.Module, target: int) -> tuple:
                     pattern[re.escape(name)] = r
     config = LoraConfig(r=common, lora_alpha=ALPHA_PER_RANK * common, lora_dropout=0.0, bias="none",
                         target_modules=targets, rank_pattern=pattern,
-                        alpha_pattern={k: ALPHA_PER_RANK * r for k, r in pattern.items()})
+                        alpha_pattern={k: ALPHA_PER_RANK * r for k, r in pattern.items()},
+                        modules_to_save=list(in_full) if in_full else None)
     params = lora_parameters(costs, ranks)
     return config, {"ranks": ranks, "parameters": params, "target": target, "rel_diff": params / target - 1}

@@ -36,6 +36,10 @@ class LoraArm:
                                choices=("ce", "kd", "kd+ce"))
     temperature: float = described(1.0, "kd's temperature T (the KL of logits / T, scaled by T^2)", low=0.05,
                                    high=100.0)
+    full_layers: int = described(0, "kept decoder layers next to the cut trained in full, with the final norm, "
+                                    "beside the LoRA of `params` on the other layers (0: a LoRA only)", low=0)
+    full_lr_mult: float = described(0.1, "the full layers' learning rate as a multiple of lr (the LoRA's)",
+                                    above=0.0)
     nested_blocks: list[int] = described(
         help="nested depths: the blocks removed one after another (depth k removes the first k), in the order of "
              "their cost to the backbone; one LoRA trains at every depth 1..k, each step at one depth, distilled "
@@ -66,6 +70,9 @@ class LoraArm:
         if len(self.nested_layers) != len(self.nested_blocks):
             raise ReskipError(f"{where}: lora.nested_layers has {len(self.nested_layers)} entries for "
                               f"{len(self.nested_blocks)} nested_blocks: one list of layers per block")
+        if self.full_layers and (self.nested or not self.drop_layers):
+            raise ReskipError(f"{where}: lora.full_layers trains the layers next to a cut: it needs drop_layers and "
+                              "one depth (not nested)")
         flat = [i for layers in self.nested_layers for i in layers]
         if len(set(flat)) != len(flat) or len(set(self.nested_blocks)) != len(self.nested_blocks):
             raise ReskipError(f"{where}: lora.nested_blocks/nested_layers repeat a block or a layer")

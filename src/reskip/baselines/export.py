@@ -55,6 +55,7 @@ def export_run(run_dir: Path, out: Path, dtype: str = "float32", trust_remote_co
     blocks = arm.nested_blocks[:depth] if arm.nested else list(arm.drop_blocks)
     record = {"backbone": cfg.model, "backbone_layers": n_layers, "drop_layers": drop, "drop_blocks": blocks,
               "healing": {"objective": arm.objective, "temperature": arm.temperature, "lora_parameters": arm.params,
+                          **({"full_layers": arm.full_layers, "full_lr_mult": arm.full_lr_mult} if arm.full_layers else {}),
                           "steps": cfg.steps, "tokens": cfg.steps * cfg.batch_size * cfg.seq_len, "lr": cfg.lr,
                           "data": list(cfg.data),
                           **({"nested_blocks": arm.nested_blocks, "depth": depth} if arm.nested else {})},

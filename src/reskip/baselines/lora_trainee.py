@@ -23,6 +23,7 @@ from .. import compat
 from ..backbones.devices import model_device
 from .arm_files import write_trained_on
 from .arms import LoraArm, arm_config_text, read_arm
+from .full_layers import full_module_names, layers_next_to_cut, train_in_float32
 from .healing import HealingObjective
 from .lora import add_lora, trainable_parameters
 from .pruning import prune_keeping
@@ -68,10 +69,15 @@ class LoraRecipe:
         ppl_backbone = math.exp(sum(nll) / sum(targets))
         # a nested arm keeps every layer: its student leaves some out per step (`HealingObjective.student`)
         removed = prune_keeping(base, set(self.arm.drop_layers)) if self.arm.drop_layers else None
-        lora_config, accounting = matched_lora_config(base, self.arm.params)
+        full = (layers_next_to_cut(removed.n_layers, self.arm.drop_layers, self.arm.full_layers)
+                if self.arm.full_layers else [])
+        lora_config, accounting = matched_lora_config(base, self.arm.params, full_module_names(base, full) if full
+                                                      else None, full)
         model = add_lora(base, lora_config)
+        full_params = train_in_float32(model)
+        accounting = {**accounting, "full_layers": full, "full_parameters": sum(p.numel() for p in full_params)}
         objective = HealingObjective(model, self.arm.objective, self.arm.temperature, cfg.loss_chunk, removed)
-        return LoraTrainee(model, objective, self.arm, accounting, ppl_backbone)
+        return LoraTrainee(model, objective, self.arm, accounting, ppl_backbone, full_params)
 
     def config_text(self, cfg: TrainConfig) -> str:
         return arm_config_text(cfg, self.arm)
@@ -92,8 +98,10 @@ class LoraRecipe:
 class LoraTrainee:
     terms = ("loss", "ce", "kl")
 
-    def __init__(self, model, objective: HealingObjective, arm: LoraArm, accounting: dict, ppl_backbone: float):
+    def __init__(self, model, objective: HealingObjective, arm: LoraArm, accounting: dict, ppl_backbone: float,
+                 full_params: list[nn.Parameter] = ()):
         self.model = model
+        self.full_params = list(full_params)  # the layers trained in full: their own learning rate
         self.objective = objective
         self.arm = arm
         self.accounting = accounting
@@ -103,7 +111,11 @@ class LoraTrainee:
         return trainable_parameters(self.model)
 
     def parameter_groups(self, cfg: TrainConfig) -> list[dict]:
-        return [{"params": self.trainable_parameters(), "lr_mult": 1.0, "name": "lora"}]
+        full = {id(p) for p in self.full_params}
+        lora = [p for p in self.trainable_parameters() if id(p) not in full]
+        return [{"params": lora, "lr_mult": 1.0, "name": "lora"},
+                *([{"params": self.full_params, "lr_mult": self.arm.full_lr_mult, "name": "full layers"}]
+                  if self.full_params else [])]
 
     def plan(self, step: int, cfg: TrainConfig, batch_shape: tuple[int, ...]) -> StepPlan:
         self.model.train()  # validation leaves it in eval mode
