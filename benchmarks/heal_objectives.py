@@ -25,10 +25,10 @@ from reskip.backbones.loading import load_backbone, load_config
 from reskip.data.packing import pack
 from reskip.data.sources import load_splits
 from reskip.evaluate.options import EvalOptions
-from reskip.evaluate.stage import evaluate_run
+from reskip.stages.evaluate import evaluate_run
 from reskip.pipeline import PRESETS, PipelineConfig
 from reskip.skip.spec import METHOD_KINDS, parse_specs
-from reskip.train.loop import train_run
+from reskip.stages.train import train_run
 from reskip.train_config import TrainConfig
 
 

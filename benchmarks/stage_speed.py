@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 
 from reskip.backbones.dtypes import resolve_dtype_name
-from reskip.evaluate.stage import evaluate_run
+from reskip.stages.evaluate import evaluate_run
 from reskip.pipeline import PipelineConfig
-from reskip.calibrate.stage import calibrate_run
+from reskip.stages.calibrate import calibrate_run
 from reskip.skip.policy_file import PolicyFile
 
 

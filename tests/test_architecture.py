@@ -16,19 +16,21 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "reskip"
 
 # The data's way through the package: each stage imports only from stages at or before its own.
 STAGES = {
+    "reskip.stages": 0,  # the package's docstring: the room of stage entry points, importing nothing
     "reskip.errors": 0, "reskip.io_atomic": 0, "reskip.cache": 0, "reskip.compat": 0, "reskip.losses": 0,
     "reskip.version": 0, "reskip.run_folder": 0, "reskip.memory": 0, "reskip.fusion": 0, "reskip.progress": 0,
     "reskip.config_fields": 0, "reskip.device_names": 0, "reskip.reading": 0, "reskip.run_folder.lock": 0, "reskip.lora_ranks": 0, "reskip.run_folder.versions": 0,
     "reskip.ar_retrofit": 1,
-    "reskip.backbones": 2, "reskip.train_config": 2, "reskip.stage_options": 2,
-    "reskip.data": 3, "reskip.parity_stage": 3,
-    "reskip.train": 4,
+    "reskip.backbones": 2, "reskip.train_config": 2, "reskip.stages.options": 2,
+    "reskip.data": 3, "reskip.stages.parity": 3,
+    "reskip.train": 4, "reskip.stages.train": 4,
     "reskip.skip": 5,
-    "reskip.analysis": 6, "reskip.stage_inputs": 6,
-    "reskip.calibrate": 7,
-    "reskip.evaluate": 8, "reskip.baselines": 8,
-    "reskip.report": 9,
+    "reskip.analysis": 6, "reskip.stages.inputs": 6,
+    "reskip.calibrate": 7, "reskip.stages.calibrate": 7,
+    "reskip.evaluate": 8, "reskip.baselines": 8, "reskip.stages.evaluate": 8, "reskip.stages.export": 8,
+    "reskip.report": 9, "reskip.stages.diagnose": 9, "reskip.stages.report": 9,
     "reskip.pipeline": 10, "reskip.experiments": 10, "reskip.lab": 10, "reskip.compress": 10,
+    "reskip.stages.compress": 10, "reskip.stages.experiment": 10,
     "reskip.cli": 11,
     "reskip": 12,  # the package root re-exports public names (lazily)
 }
@@ -107,8 +109,8 @@ def test_nothing_imports_the_cli():
 
 # Rooms that keep to one trade: what each may import from the package besides stage-0 modules and itself.
 ROOMS = {
-    "reskip.skip": ("reskip.ar_retrofit", "reskip.backbones", "reskip.train_config", "reskip.stage_options"),  # the inference path: no training
-    "reskip.backbones": ("reskip.stage_options",),  # loading only (the dtypes' names come from the options' module)
+    "reskip.skip": ("reskip.ar_retrofit", "reskip.backbones", "reskip.train_config", "reskip.stages.options"),  # the inference path: no training
+    "reskip.backbones": ("reskip.stages.options",),  # loading only (the dtypes' names come from the options' module)
 }
 
 

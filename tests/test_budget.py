@@ -16,7 +16,7 @@ from reskip.evaluate.methods import Method, evaluate_methods, matched_methods, p
 from reskip.calibrate.budget import (allocation_at, calibrate_budgets, chunk_ends, greedy_path, static_at,
                                 step_positions, threshold)
 from reskip.calibrate.calibration import calibrate
-from reskip.calibrate.stage import format_policy
+from reskip.stages.calibrate import format_policy
 from reskip.skip.policies import RandomSkip, ReSkip, StaticSkip, plan
 from reskip.skip.scoring import score
 from reskip.skip.policy_file import PolicyError

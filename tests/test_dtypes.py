@@ -20,7 +20,7 @@ from reskip.progress import Progress
 from reskip.skip.policies import NoSkip, RandomSkip
 from reskip.skip.scoring import generate
 from reskip.train_config import TrainConfig
-from reskip.train.loop import train_run
+from reskip.stages.train import train_run
 from reskip.train.objective import RetrofitObjective
 
 

@@ -197,7 +197,7 @@ def test_every_experiment_is_one_module_behind_one_table():
     import inspect
 
     from reskip.experiments.options import EXPERIMENTS
-    from reskip.experiments.stage import MODULES
+    from reskip.stages.experiment import MODULES
 
     assert tuple(MODULES) == EXPERIMENTS
     for name, module in MODULES.items():

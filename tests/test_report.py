@@ -10,7 +10,7 @@ import pytest
 
 from helpers import save_tiny, write_corpus
 from reskip.cli import main
-from reskip.report.html import report_run
+from reskip.stages.report import report_run
 from reskip.report.options import ReportOptions
 
 pytestmark = pytest.mark.integration  # whole commands end to end

@@ -16,7 +16,8 @@ from reskip.ar_retrofit.model import load_adapter
 from reskip.train.checkpoint import latest_checkpoint
 from reskip.train.schedules import curriculum, drawn_block, learning_rate
 from reskip.train_config import TrainConfig
-from reskip.train.loop import TrainingDiverged, train_run
+from reskip.stages.train import train_run
+from reskip.train.loop import TrainingDiverged
 
 
 def test_curriculum_holds_ramps_and_stays_open():

@@ -41,20 +41,6 @@ from ..train.trainee import Counts, StepPlan
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 
-@torch.no_grad()
-def sequence_nll(model, data: Packed, batch_size: int = 4) -> tuple[list[float], list[int]]:
-    """Per sequence: the next-token NLL summed over its labelled targets (float32), and their count."""
-    was = model.training
-    model.eval()
-    nll, targets = [], []
-    for ids, labels in data.batches(batch_size, model_device(model)):
-        per = ce_tokens(model(input_ids=ids, use_cache=False).logits, labels)  # (B, T)
-        nll += per.double().sum(-1).tolist()
-        targets += (labels[:, 1:] != -100).sum(-1).tolist()
-    model.train(was)
-    return nll, targets
-
-
 class LoraRecipe:
     """A LoRA arm (`LoraArm`: the parameters to match, the layers to remove, the healing objective)."""
 
@@ -65,8 +51,6 @@ class LoraRecipe:
         self.arm = arm
 
     def build(self, base: nn.Module, cfg: TrainConfig, val_data: Packed) -> "LoraTrainee":
-        nll, targets = sequence_nll(base, val_data, 1)
-        ppl_backbone = math.exp(sum(nll) / sum(targets))
         # a nested arm keeps every layer: its student leaves some out per step (`HealingObjective.student`)
         removed = prune_keeping(base, set(self.arm.drop_layers)) if self.arm.drop_layers else None
         full = (layers_next_to_cut(removed.n_layers, self.arm.drop_layers, self.arm.full_layers)
@@ -77,7 +61,7 @@ class LoraRecipe:
         full_params = train_in_float32(model)
         accounting = {**accounting, "full_layers": full, "full_parameters": sum(p.numel() for p in full_params)}
         objective = HealingObjective(model, self.arm.objective, self.arm.temperature, cfg.loss_chunk, removed)
-        return LoraTrainee(model, objective, self.arm, accounting, ppl_backbone, full_params)
+        return LoraTrainee(model, objective, self.arm, accounting, full_params)
 
     def config_text(self, cfg: TrainConfig) -> str:
         return arm_config_text(cfg, self.arm)
@@ -98,14 +82,14 @@ class LoraRecipe:
 class LoraTrainee:
     terms = ("loss", "ce", "kl")
 
-    def __init__(self, model, objective: HealingObjective, arm: LoraArm, accounting: dict, ppl_backbone: float,
+    def __init__(self, model, objective: HealingObjective, arm: LoraArm, accounting: dict,
                  full_params: list[nn.Parameter] = ()):
         self.model = model
         self.full_params = list(full_params)  # the layers trained in full: their own learning rate
         self.objective = objective
         self.arm = arm
         self.accounting = accounting
-        self.ppl_backbone = ppl_backbone
+        self.ppl_backbone = None  # the teacher's validation perplexity, from the first validation's teacher pass
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         return trainable_parameters(self.model)
@@ -140,19 +124,23 @@ class LoraTrainee:
 
     @torch.no_grad()
     def validate(self, data: Packed, step: int, cfg: TrainConfig, cache: dict, bar: Progress) -> dict:
-        """Perplexity on the validation split (as `sequence_nll`) and KL(backbone || model) per position: the
-        teacher's final hidden states (1, T, d) computed once per sequence and kept, its logits reapplied by the
-        head (the same operations as its forward). A nested arm: at each depth (`ppl_depth`, `kl_depth`), their
+        """Perplexity on the validation split (the backbone's from the teacher's pass: `ppl_backbone`) and
+        KL(backbone || model) per position: the teacher's final hidden states (1, T, d) computed once per sequence
+        and kept, its logits reapplied by the head (the same operations as its forward). A nested arm: at each depth (`ppl_depth`, `kl_depth`), their
         means as `ppl_full` (geometric) and `kl_full`."""
         model, base = self.model, self.model.get_base_model()
         was = model.training
         model.eval()
         per = {d: [0.0, 0, 0.0, 0] for d in self.depths()}  # depth -> [nll, targets, kl, positions]
+        back = [0.0, 0]  # the backbone's nll and targets
         for i, (ids, labels) in enumerate(data.batches(1, model_device(model))):
             if i not in cache:
                 with self.objective.teacher():
                     cache[i] = compat.decoder_body(base)(input_ids=ids, use_cache=False).last_hidden_state
-            teacher = teacher_targets(head_logits(cache[i], compat.output_head(base)))  # p: (1, T, V)
+            z_teacher = head_logits(cache[i], compat.output_head(base))  # (1, T, V): the backbone's logits
+            back[0] += ce_tokens(z_teacher, labels).double().sum().item()
+            back[1] += int((labels[:, 1:] != -100).sum())
+            teacher = teacher_targets(z_teacher)  # p: (1, T, V)
             for depth, sums in per.items():
                 with self.objective.student(self.arm.layers_at(depth) if self.arm.nested else None):
                     z = model(input_ids=ids, use_cache=False).logits  # (1, T, V)
@@ -162,6 +150,7 @@ class LoraTrainee:
                 sums[3] += ids.numel()
             bar.update(1)
         model.train(was)
+        self.ppl_backbone = math.exp(back[0] / back[1])
         ppl = {d: math.exp(nll / t) for d, (nll, t, _, _) in per.items()}
         kl = {d: k / n for d, (_, _, k, n) in per.items()}
         out = {"ppl_full": math.exp(sum(math.log(p) for p in ppl.values()) / len(ppl)),
@@ -180,7 +169,7 @@ class LoraTrainee:
         log = read_log(log_path) or []
         evals, trains = records(log, "eval"), records(log, "train")
         summary = {"steps": trains[-1]["step"] if trains else 0, "tokens_seen": tokens, "wall_s_process": wall_s,
-                   "train_wall_s": trains[-1]["elapsed_s"] if trains else 0.0, "ppl_backbone": self.ppl_backbone,
+                   "train_wall_s": trains[-1]["elapsed_s"] if trains else 0.0, "ppl_backbone": evals[0]["ppl_backbone"],
                    "ppl_full": {"start": evals[0]["ppl_full"], "end": evals[-1]["ppl_full"]},
                    "kl_full": {"start": evals[0].get("kl_full"), "end": evals[-1].get("kl_full")},
                    "lora": self.accounting, "drop_layers": self.arm.drop_layers, "drop_blocks": self.arm.drop_blocks,

@@ -13,7 +13,7 @@ from ..errors import ReskipError
 from ..reading import read_json
 from ..run_folder import RunFolder
 from ..train.checkpoint import latest_checkpoint
-from ..train.loop import train_run
+from ..stages.train import train_run
 from ..train_config import TrainConfig
 from .arms import LoraArm
 from .lora_trainee import LoraRecipe

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config_fields import described
-from ..stage_options import StageOptions
+from ..stages.options import StageOptions
 
 DEFAULT_BUDGETS = (0.5, 1.0, 1.5, 2.0, 3.0)  # blocks skipped per step, on average
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..reading import read_json
 from ..run_folder import RunFolder
-from ..stage_options import ParityOptions
+from ..stages.options import ParityOptions
 from .common import dtype_flag, examples, retrofit_config, retrofit_flags
 from .options import add_option_flags, options_from_args
 
@@ -25,7 +25,7 @@ def parity_options(args) -> ParityOptions:
 
 def cmd_parity(args) -> int:
     from ..backbones.loading import DEFAULT_BACKBONE  # lazy: torch
-    from ..parity_stage import parity_of  # lazy: torch
+    from ..stages.parity import parity_of  # lazy: torch
 
     from ..backbones.dtypes import describe  # lazy: torch
 
@@ -57,7 +57,7 @@ def cmd_params(args) -> int:
 
 
 def cmd_run_parity(args) -> int:
-    from ..parity_stage import parity_run  # lazy: torch
+    from ..stages.parity import parity_run  # lazy: torch
 
     result = read_json(parity_run(Path(args.out), parity_options(args)))
     print(f"wrote {RunFolder(args.out).parity}")

@@ -13,7 +13,7 @@ import dataclasses
 from ..errors import ReskipError
 from ..ar_retrofit.config import RetrofitConfig
 from ..config_fields import flag_of, help_of
-from ..stage_options import DTYPE_HELP, DTYPE_NAMES
+from ..stages.options import DTYPE_HELP, DTYPE_NAMES
 from ..train_config import RECIPE_RETROFIT, TrainConfig
 
 # Every subcommand's --help ends with an example or two (torchtune's habit).

@@ -12,7 +12,7 @@ CONVERTERS = {"data": lambda specs: list(specs) or ["default"],
 
 
 def cmd_compress(args) -> int:
-    from ..compress.stage import REPORT_MD, compress, plan  # lazy: torch
+    from ..stages.compress import REPORT_MD, compress, plan  # lazy: torch
 
     o = options_from_args(CompressOptions, args, CONVERTERS)
     plan(o)  # every check that needs no weights, before any load

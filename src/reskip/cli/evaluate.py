@@ -21,7 +21,7 @@ EVAL_CONVERTERS = {
 
 def cmd_eval(args) -> int:
     options = options_from_args(EvalOptions, args, EVAL_CONVERTERS)
-    from ..evaluate.stage import evaluate_run, margin_violations  # lazy: torch
+    from ..stages.evaluate import evaluate_run, margin_violations  # lazy: torch
 
     path = evaluate_run(args.adapter, options)
     results = read_json(path)

@@ -21,7 +21,7 @@ def experiment_options(args) -> ExperimentOptions:
 
 
 def cmd_experiment(args) -> int:
-    from ..experiments.stage import run_experiment  # lazy: torch
+    from ..stages.experiment import run_experiment  # lazy: torch
 
     options = experiment_options(args)
     path = run_experiment(options, show=(lambda *a, **k: None) if options.quiet else print)

@@ -12,7 +12,7 @@ from .options import add_option_flags, options_from_args
 
 
 def cmd_export(args) -> int:
-    from ..baselines.export import check_out, export_run  # lazy: torch
+    from ..stages.export import check_out, export_run  # lazy: torch
 
     run = Path(args.run)
     if not (run / "config.yaml").is_file() or not (run / "adapter" / "adapter_config.json").is_file():

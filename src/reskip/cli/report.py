@@ -11,7 +11,7 @@ from .options import add_option_flags, options_from_args
 
 
 def cmd_diagnose(args) -> int:
-    from ..report.diagnose import diagnose_run  # lazy: torch
+    from ..stages.diagnose import diagnose_run  # lazy: torch
 
     path = diagnose_run(args.run, options_from_args(DiagnoseOptions, args))
     d = read_json(path)
@@ -39,7 +39,7 @@ def cmd_diagnose(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from ..report.html import report_run  # lazy: matplotlib
+    from ..stages.report import report_run  # lazy: matplotlib
 
     print(f"wrote {report_run(args.run, options_from_args(ReportOptions, args))}")
     return 0

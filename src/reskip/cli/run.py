@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ..stage_options import RunOptions
+from ..stages.options import RunOptions
 from .options import add_option_flags, options_from_args
 from .common import examples, training_flags, training_values, retrofit_flags, retrofit_values
 from ..reading import read_json

@@ -17,7 +17,7 @@ CALIBRATE_CONVERTERS = {"budgets": lambda values: parse_budgets(values)}
 
 
 def cmd_calibrate(args) -> int:
-    from ..calibrate.stage import calibrate_run, format_policy  # lazy: torch
+    from ..stages.calibrate import calibrate_run, format_policy  # lazy: torch
     from ..skip.policy_file import PolicyFile  # lazy: torch
 
     path = calibrate_run(args.adapter, options_from_args(CalibrateOptions, args, CALIBRATE_CONVERTERS))

@@ -60,7 +60,7 @@ def train_config(args) -> TrainConfig:
 
 
 def cmd_train(args) -> int:
-    from ..train.loop import train_run  # lazy: torch
+    from ..stages.train import train_run  # lazy: torch
 
     cfg = train_config(args)
     cfg.validate()

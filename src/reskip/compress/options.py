@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config_fields import described
-from ..stage_options import PRESET_HELP, PRESETS, BackboneOptions
+from ..stages.options import PRESET_HELP, PRESETS, BackboneOptions
 
 OBJECTIVES = ("ce", "kd", "kd+ce")
 

@@ -27,7 +27,7 @@ from lm_eval.models.huggingface import HFLM  # imports the harness's model table
 from peft import PeftModel
 
 from ..baselines.arms import arm_layers, load_arm_model, read_arm
-from ..stage_options import DTYPE_NAMES
+from ..stages.options import DTYPE_NAMES
 from ..device_names import DEVICE_PATTERN
 from ..errors import ReskipError
 from ..skip.inference_run import open_run

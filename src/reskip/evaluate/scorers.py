@@ -25,7 +25,7 @@ from ..backbones.devices import model_device
 from ..backbones.dtypes import resolve_dtype
 from ..backbones.loading import load_backbone
 from ..baselines.arms import arm_layers, load_arm_model, read_arm
-from ..baselines.export import read_record
+from ..stages.export import read_record
 from ..baselines.pruning import BlockCosts, backbone_block_costs, prune
 from ..data.packing import Packed
 from ..errors import ReskipError

@@ -24,11 +24,11 @@ from ..calibrate.options import CalibrateOptions
 from ..skip.inference_run import open_run
 from ..skip.policy_file import PolicyFile
 from ..analysis.signal_test import signal_test
-from ..calibrate.stage import calibrate_run
+from ..stages.calibrate import calibrate_run
 from ..train.checkpoint import latest_checkpoint
 from ..train_config import TrainConfig
 from ..train.log import read_log, records
-from ..train.loop import train_run
+from ..stages.train import train_run
 
 ARM_FILE = "arm.json"
 

@@ -48,7 +48,7 @@ from ..baselines.train import train_lora
 from ..data.packing import pack
 from ..data.sources import load_splits
 from ..errors import ReskipError
-from ..evaluate.stage import evaluate_run
+from ..stages.evaluate import evaluate_run
 from ..io_atomic import atomic_write, atomic_write_json
 from ..pipeline import PRESETS, PipelineConfig
 from ..reading import read_json
@@ -58,10 +58,10 @@ from ..ar_retrofit.config import RetrofitConfig
 from ..analysis.statistics import bootstrap_difference
 from ..skip.policy_file import PolicyFile
 from ..skip.spec import KINDS, METHOD_KINDS, parse_specs
-from ..calibrate.stage import calibrate_run
+from ..stages.calibrate import calibrate_run
 from ..train_config import TrainConfig
 from ..train.log import read_log, records
-from ..train.loop import train_run
+from ..stages.train import train_run
 from ..train.checkpoint import latest_checkpoint
 from .baselines_tables import (RECIPE_ROWS, SPLITS, VARIANT_ROWS, claims, fidelity_intervals, intervals, tables,
                                variant_row, verdict)
@@ -312,14 +312,14 @@ def _measure(pc: PipelineConfig, folder: Path, best: dict, costs: BlockCosts, va
     trained = _trained_methods(folder, best, table)
     ev = _recipe_eval(pc, folder, best["recipe"], full=True, models=tuple(trained.values()))
     methods = {"test": ev["methods"], "kjv": ev["heldout"]["methods"]}
-    rows = {key: _recipe_row(methods, key) for key in ("backbone", *RECIPE_ROWS)
-            if all(key in methods[s] for s in SPLITS)}
-    rows.update({key: _recipe_row(methods, name) for key, name in trained.items()})
+    rows = {key: _recipe_row(methods, key, None if key == "backbone" else "recipe")
+            for key in ("backbone", *RECIPE_ROWS) if all(key in methods[s] for s in SPLITS)}
+    rows.update({key: _recipe_row(methods, name, key if key in table else None) for key, name in trained.items()})
     for v in variants:
         show(f"[experiment baselines] measuring {best[v]}")
         vev = _recipe_eval(pc, folder, best[v], full=False)
         vm = {"test": vev["methods"], "kjv": vev["heldout"]["methods"]}
-        rows.update({variant_row(v, key): _recipe_row(vm, key) for key in VARIANT_ROWS
+        rows.update({variant_row(v, key): _recipe_row(vm, key, v) for key in VARIANT_ROWS
                      if all(key in vm[s] for s in SPLITS)})
     heal = sorted({m.objective for m in table.values() if m.drop}, key=HEAL_OBJECTIVES.index)
     return {"dtype": ev["meta"]["dtype"], "rows": rows, "intervals": intervals(rows, variants, heal),
@@ -350,13 +350,16 @@ def at_spent_compute(methods: dict) -> list[dict]:
     return out
 
 
-def _recipe_row(methods: dict, key: str) -> dict:
-    """A row of the table from the eval's results: per split, its compute, perplexity / the backbone's, fidelity
-    to the backbone (KL, top-1 agreement) and its per-sequence sums."""
+def _recipe_row(methods: dict, key: str, arm: str | None) -> dict:
+    """A row of the table from the eval's results: its kind and arguments as the eval typed them, the swept method
+    whose chosen arm it comes from (`arm`: "recipe", a variant, a baseline's method; None: the backbone and the
+    unhealed prunings, which train nothing), and per split its compute, perplexity / the backbone's, fidelity to
+    the backbone (KL, top-1 agreement) and its per-sequence sums."""
     row = {field: {s: methods[s][key][name] for s in SPLITS}
            for field, name in (("blocks_skipped", "mean_skipped"), ("flops_executed_share", "flops_executed_share"),
                                ("ppl_ratio", "ppl_ratio"), ("kl_to_backbone", "kl_to_backbone"),
                                ("top1_agreement", "top1_agreement"), ("per_sequence", "per_sequence"))}
-    return {"kind": methods["test"][key]["kind"], **row}
+    return {"kind": methods["test"][key]["kind"], "arguments": methods["test"][key].get("arguments", {}), "arm": arm,
+            **row}
 
 

@@ -1,9 +1,10 @@
 """What `reskip experiment baselines` says of its rows: the intervals of the differences the verdict reads, the
 claims, the tables and the verdict. Reads the result dict only (`baselines.run` builds it).
 
-Row keys: the recipe run's rows by their eval method name (`retrofit`, `reskip:budget=1`, `static:1`, ...), a
-recipe variant's as `<variant> / <method>`, the baselines' by their method (`lora`, `healed-static:1`,
-`healed-static:1:kd`, `pruned:1`) and `backbone`. Fidelity to the backbone (KL per position, top-1 agreement) is read
+Row keys name rows, nothing parses them: the recipe run's rows by their eval method name (`retrofit`,
+`reskip:budget=1`, `static:1`, ...), a recipe variant's as `<variant> / <method>`, the baselines' by their method
+(`lora`, `healed-static:1`, `healed-static:1:kd`, `pruned:1`) and `backbone`; each row carries its kind and arguments
+(as the eval typed them) and `arm`, the swept method whose chosen arm it comes from. Fidelity to the backbone (KL per position, top-1 agreement) is read
 first, perplexity beside it: below the backbone's on the mix's own test split, perplexity is fine-tuning on the mix,
 not quality."""
 
@@ -15,6 +16,7 @@ from ..analysis.statistics import bootstrap_difference, bootstrap_mean_differenc
 from .record import claim, interval_text
 
 SPLITS = ("test", "kjv")
+SKIPPING_KINDS = ("reskip", "static", "sequence")  # the recipe's rows that skip blocks of the trained model
 RECIPE_ROWS = {"retrofit": "retrofit", "reskip:budget=1": "ReSkip, budget 1", "reskip:budget=1:held": "ReSkip, budget 1, held",
                "sequence:1": "per-sequence selection, 1 block", "reskip:budget=2": "ReSkip, budget 2",
                "reskip:budget=2:held": "ReSkip, budget 2, held", "sequence:2": "per-sequence selection, 2 blocks",
@@ -138,13 +140,6 @@ def _labels(variants, heal=("ce",)) -> dict:
     return names
 
 
-def _method_of(key: str) -> str:
-    """The sweep method whose arm a row comes from."""
-    if " / " in key:
-        return key.split(" / ")[0]
-    return "recipe" if key in RECIPE_ROWS else key
-
-
 def _fidelity(row: dict, split: str) -> str:
     kl, top1 = row.get("kl_to_backbone"), row.get("top1_agreement")
     return "- | -" if kl is None else f"{kl[split]:.4f} | {top1[split]:.4f}"
@@ -160,9 +155,10 @@ def _main_table(r: dict) -> list[str]:
     for key, label in _labels(r.get("variants", []), r.get("heal", ["ce"])).items():
         if key not in rows:
             continue
-        row, m = rows[key], chosen.get(_method_of(key))
-        skipping = row.get("kind", "") in ("reskip", "static", "sequence") or " / " in key and key.split(" / ")[-1] != "retrofit"
-        val = "-" if m is None or skipping else f"{m['val_ppl'] / m['val_ppl_backbone']:.4f}"
+        row = rows[key]
+        m = chosen.get(row["arm"]) if row.get("arm") else None
+        # validation perplexity is the trained model's: a row that skips blocks of it is not that model
+        val = "-" if m is None or row["kind"] in SKIPPING_KINDS else f"{m['val_ppl'] / m['val_ppl_backbone']:.4f}"
         if key == "backbone":
             val = "1.0000"
         main.append(f"| {label} | {row['blocks_skipped']['test']:.2f}, {row['blocks_skipped']['kjv']:.2f} "

@@ -35,7 +35,7 @@ from ..errors import ReskipError
 from ..evaluate.generation import PROMPTS, agreement, greedy_continuations, prompt_ids
 from ..losses import ce_tokens, kl_sum
 from ..reading import read_json
-from ..stage_options import PRESETS
+from ..stages.options import PRESETS
 from .baselines import arm_name, arm_slug
 from .options import ExperimentOptions
 from .record import claim, interval_text

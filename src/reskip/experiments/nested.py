@@ -32,7 +32,7 @@ from ..evaluate.against_backbone import Reference
 from ..pipeline import PipelineConfig
 from ..run_folder import RunFolder
 from ..skip.spec import Spec
-from ..stage_options import PRESETS
+from ..stages.options import PRESETS
 from .baselines import _block_costs, arm_name, arm_slug
 from .options import ExperimentOptions
 from .record import claim, interval_text

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from ..config_fields import described
 from ..device_names import DEVICE_HELP, DEVICE_PATTERN
-from ..stage_options import DTYPE_HELP, DTYPE_NAMES, PRESET_HELP, PRESETS, BackboneOptions
+from ..stages.options import DTYPE_HELP, DTYPE_NAMES, PRESET_HELP, PRESETS, BackboneOptions
 
 EXPERIMENTS = ("variants", "block-size", "mix", "placement", "scale", "baselines", "nested", "stacked", "frontier", "depth-request")
 # The second source document's instance: 48 layers of d = 4096 at 4,096 tokens in bf16, 256 MiB of depth states.

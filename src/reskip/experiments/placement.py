@@ -27,7 +27,7 @@ from ..data.packing import pack
 from ..data.sources import load_splits
 from ..errors import ReskipError
 from ..pipeline import PRESETS
-from ..report.diagnose import SOURCE_INSTANCE
+from ..stages.diagnose import SOURCE_INSTANCE
 from .arm_set import base_config, header
 from .options import SOURCE_MEMORY_BYTES, ExperimentOptions
 from .record import claim

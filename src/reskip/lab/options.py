@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config_fields import described
-from ..stage_options import BackboneOptions
+from ..stages.options import BackboneOptions
 
 
 @dataclass

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config_fields import described
-from ..stage_options import StageOptions
+from ..stages.options import StageOptions
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""The one training loop: a run folder's identity, resume, checkpoints, log, progress, learning-rate schedule,
+"""The one training loop's machinery (its entry and the loop itself: `stages.train.train_run`): a run folder's
+identity, resume, checkpoints, log, progress, learning-rate schedule,
 batches, data-parallel (accelerate), FSDP2 sharding and trackers, around a *trainee* (`train.trainee`): the
 retrofit's side-channel (CE(full) + lambda_kl KL(teacher || skip) - lambda_ent H(alpha), the default recipe) or a
 LoRA arm (`baselines.lora_trainee`).
@@ -16,7 +17,6 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 from accelerate import Accelerator
@@ -33,11 +33,10 @@ from ..ar_retrofit.config import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME
 from ..ar_retrofit.model_card import CARD_NAME
 from ..ar_retrofit.model import ReskipModel
 from ..progress import Progress
-from ..run_folder.lock import writing
 from ..run_folder import RunFolder
-from .checkpoint import CHECKPOINT_NAME, latest_checkpoint, load_checkpoint, save_checkpoint
+from .checkpoint import CHECKPOINT_NAME, latest_checkpoint, load_checkpoint
 from ..train_config import TrainConfig
-from .log import append_record, last_eval, read_log, truncate_after
+from .log import append_record, read_log, truncate_after
 from .trainee import Counts, RetrofitRecipe, RetrofitTrainee, Trainee
 from .process_group import check_launch, launched_processes
 from .sharding import average_gradients, shard_backbone
@@ -106,59 +105,6 @@ class TrainingRun:
             append_record(self.files.train_log, rec)
             if self.cfg.report_to:
                 self.accelerator.log(scalars(rec), step=rec["step"])
-
-
-def train_run(
-    run_dir: Path,
-    cfg: TrainConfig,
-    resume: bool = False,
-    on_step_end: Callable[[int, ReskipModel], None] | None = None,
-    show_progress: bool = True,
-    overwrite: bool = False,
-    recipe=None,
-) -> Path | None:
-    """Train into `run_dir` (config.yaml, splits.json, train_log.jsonl, checkpoints/, adapter/, summary.json);
-    returns summary.json's path (None in the other processes of a data-parallel job, where rank 0 writes).
-    recipe: what trains (`RetrofitRecipe`, the default, or `lora_trainee.LoraRecipe`).
-
-    A folder that holds another training run is refused unless `overwrite` (its training files are then
-    removed); `resume` continues the folder's own run, and settings that contradict it are refused."""
-    with writing(Path(run_dir)):
-        summary = _train(cfg, Path(run_dir), resume, on_step_end, show_progress, overwrite, recipe or RETROFIT)
-    return RunFolder(run_dir).summary if summary else None
-
-
-def _train(cfg: TrainConfig, run_dir: Path, resume: bool, on_step_end, show_progress: bool, overwrite: bool,
-           recipe) -> dict:
-    run = open_training(cfg, run_dir, resume, show_progress, overwrite, recipe)
-    cfg = run.cfg
-    show = run.main and show_progress
-    val_s = [validate(run, show)] if run.step == 0 else []  # seconds per validation: the time left counts them
-    bar = Progress(cfg.steps, "train", initial=run.step, enabled=show)
-    bar.set_aside(0.0, (val_s or [0.0])[0] * validations_after(run.step, cfg))
-    t0 = time.time()
-    while run.step < cfg.steps:
-        record = optimizer_step(run, bar)
-        record["elapsed_s"] = time.time() - t0
-        done = run.step
-        if done % cfg.log_every == 0 or done == cfg.steps:
-            run.log(record)
-        bar.update(1, **{x: f"{record[x]:.3f}" for x in ("loss", "ce", "kl") if x in record},
-                   **({"c": f"{record['c']:.2f}"} if "c" in record else {}))
-        if done % cfg.eval_every == 0 or done == cfg.steps:
-            val_s.append(validate(run, show))
-            bar.set_aside(val_s[-1], sum(val_s) / len(val_s) * validations_after(done, cfg))
-        if done % cfg.save_every == 0 or done == cfg.steps:
-            if run.main:
-                save_checkpoint(run.files.root, done, run.trainee, run.optimizer, run.tokens_seen)
-            run.accelerator.wait_for_everyone()
-        if on_step_end is not None:
-            on_step_end(done, run.model)
-    bar.close()
-    last = last_eval(run.files.train_log)
-    if last is None or last["step"] != cfg.steps:  # resumed at its end with the last validation's line lost
-        validate(run, show)
-    return finish(run, wall_s=time.time() - t0)
 
 
 TRAINING_FILES = ("config", "train_log", "checkpoints", "adapter", "summary")  # `RunFolder` names a run's training owns

@@ -32,17 +32,17 @@ from ..errors import ReskipError
 from ..io_atomic import atomic_write_json, atomic_write_text
 from ..run_folder.versions import stamped
 from ..skip.spec import Spec
-from ..stage_inputs import read_stage_inputs
+from .inputs import read_stage_inputs
 from ..backbones.devices import model_device
 from ..backbones.loading import load_backbone, load_config
 from ..compat import decoder_layers
 from ..skip.scoring import generate
-from .generation import agreement, continuations, prompt_ids
-from .methods import evaluate_methods, open_scorers, parse_methods
-from .scorers import ScorerContext
-from .multiple_choice import load_benchmark, mc_accuracy
-from .options import EvalOptions
-from .tables import markdown
+from ..evaluate.generation import agreement, continuations, prompt_ids
+from ..evaluate.methods import evaluate_methods, open_scorers, parse_methods
+from ..evaluate.scorers import ScorerContext
+from ..evaluate.multiple_choice import load_benchmark, mc_accuracy
+from ..evaluate.options import EvalOptions
+from ..evaluate.tables import markdown
 
 
 def check_options(o: EvalOptions) -> None:

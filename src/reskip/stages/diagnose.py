@@ -23,10 +23,10 @@ from ..analysis.signal_test import signal_test
 from ..progress import Progress
 from ..run_folder.versions import stamped
 from ..skip.spec import parse_spec
-from ..stage_inputs import read_stage_inputs
+from .inputs import read_stage_inputs
 from ..train.log import last_eval
-from .diagnostics import dilution, memory_table, reading_discipline, routing_health, token_trace
-from .options import DiagnoseOptions
+from ..report.diagnostics import dilution, memory_table, reading_discipline, routing_health, token_trace
+from ..report.options import DiagnoseOptions
 
 SOURCE_INSTANCE = {"n_layers": 48, "hidden_size": 4096, "context": 4096, "dtype_bytes": 2, "block_size": 12}
 

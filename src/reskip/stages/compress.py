@@ -23,7 +23,7 @@ from ..backbones.dtypes import resolve_dtype_name
 from ..backbones.devices import resolve_device
 from ..backbones.loading import load_backbone, load_config
 from ..baselines.arms import LoraArm
-from ..baselines.export import RECORD, export_run
+from .export import RECORD, export_run
 from ..baselines.pruning import BlockCosts, backbone_block_costs
 from ..baselines.train import train_lora
 from ..ar_retrofit.blocks import retrofit_blocks
@@ -36,12 +36,12 @@ from ..pipeline import PipelineConfig
 from ..progress import Progress
 from ..reading import read_json
 from ..run_folder.lock import writing
-from ..stage_options import PRESETS
+from .options import PRESETS
 from ..train_config import TrainConfig
-from .measure import measure
-from .options import CompressOptions
-from .report import html_page, markdown
-from .speed import compare_speed
+from ..compress.measure import measure
+from ..compress.options import CompressOptions
+from ..compress.report import html_page, markdown
+from ..compress.speed import compare_speed
 
 SETTINGS, BLOCKS, HEAL, MODEL, REPORT_JSON, REPORT_MD, REPORT_HTML = (
     "compress.json", "blocks.json", "heal", "model", "report.json", "report.md", "report.html")

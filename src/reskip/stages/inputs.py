@@ -7,11 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .backbones.devices import resolve_device
-from .data.sources import load_splits
-from .errors import ReskipError
-from .skip.inference_run import AdapterSource, InferenceRun, check_positions, open_run, resolve_adapter
-from .stage_options import StageOptions
+from ..backbones.devices import resolve_device
+from ..data.sources import load_splits
+from ..errors import ReskipError
+from ..skip.inference_run import AdapterSource, InferenceRun, check_positions, open_run, resolve_adapter
+from .options import StageOptions
 
 SPLIT_NAMES = {"calib": "calibration"}  # a split's name in messages, where its key is short
 

@@ -13,10 +13,10 @@ from ..data.packing import pack
 from ..errors import ReskipError
 from ..run_folder.lock import writing
 from ..skip.policy_file import PolicyFile
-from ..stage_inputs import StageInputs, read_stage_inputs
-from .budget import calibrate_budgets
-from .calibration import calibrate
-from .options import CalibrateOptions
+from .inputs import StageInputs, read_stage_inputs
+from ..calibrate.budget import calibrate_budgets
+from ..calibrate.calibration import calibrate
+from ..calibrate.options import CalibrateOptions
 
 
 def check_options(o: CalibrateOptions) -> None:

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .ar_retrofit.config import RetrofitConfig
-from .config_fields import described
-from .device_names import DEVICE_HELP, DEVICE_PATTERN
-from .train_config import RECIPE_RETROFIT, TrainConfig
+from ..ar_retrofit.config import RetrofitConfig
+from ..config_fields import described
+from ..device_names import DEVICE_HELP, DEVICE_PATTERN
+from ..train_config import RECIPE_RETROFIT, TrainConfig
 
 # `backbones.dtypes` resolves these (auto: bfloat16 where the hardware computes it fast, float32 elsewhere)
 DTYPE_NAMES = ("auto", "float32", "bfloat16")

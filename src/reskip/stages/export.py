@@ -16,7 +16,7 @@ from peft import PeftModel
 from ..errors import ReskipError
 from ..io_atomic import atomic_folder
 from ..reading import read_json
-from .arms import arm_layers, load_arm_model, read_arm
+from ..baselines.arms import arm_layers, load_arm_model, read_arm
 
 RECORD = "reskip.json"
 

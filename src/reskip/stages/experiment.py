@@ -10,9 +10,9 @@ from pathlib import Path
 from ..config_fields import check_fields
 from ..errors import ReskipError
 from ..run_folder import RunFolder
-from . import baselines, block_size, depth_request, frontier, mix, nested, placement, scale, stacked, variants
-from .options import EXPERIMENTS, ExperimentOptions
-from .record import write
+from ..experiments import baselines, block_size, depth_request, frontier, mix, nested, placement, scale, stacked, variants
+from ..experiments.options import EXPERIMENTS, ExperimentOptions
+from ..experiments.record import write
 
 DEFAULT_OUT = "runs/experiments"
 # The one table of experiments (its names are `options.EXPERIMENTS`, which the CLI reads without torch).
