@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from reskip.baselines.arms import LoraArm
-from reskip.baselines.pruning import backbone_block_costs
+from reskip.baselines.pruning import backbone_block_costs, layer_distances
 from reskip.baselines.train import train_lora
 from reskip.ar_retrofit.accounting import count_params
 from reskip.backbones.loading import load_backbone, load_config
@@ -44,25 +44,33 @@ def main() -> None:
     ap.add_argument("--full-layers", type=int, default=0, help="kept layers next to the cut trained in full")
     ap.add_argument("--full-lr-mult", type=float, default=0.1, help="their learning rate, x --lr")
     ap.add_argument("--steps", type=int, default=None, help="training steps (default: the preset's)")
+    ap.add_argument("--cut", choices=("blocks", "angular-run", "angular-single"), default="blocks")
     args = ap.parse_args()
     out = Path(args.out)
     pc = PipelineConfig(preset=args.preset)
     cfg = TrainConfig.from_dict({**pc.train_config().to_dict(), "lr": args.lr,
                                  **({"steps": args.steps} if args.steps else {})})
     target = round(args.params_mult * count_params(load_config(cfg.model), cfg.retrofit_config()).new_params)
-    suffix = "".join([f"-p{args.params_mult:g}" if args.params_mult != 1 else "",
+    suffix = "".join([f"-{args.preset}" if args.preset != "standard" else "",
+                      f"-p{args.params_mult:g}" if args.params_mult != 1 else "",
                       f"-full{args.full_layers}" if args.full_layers else "",
                       f"-{cfg.steps}steps" if args.steps else "",
-                      f"-t{args.temperature:g}" if args.temperature != 1 else ""])
+                      f"-t{args.temperature:g}" if args.temperature != 1 else "",
+                      "" if args.cut == "blocks" else f"-{args.cut}"])
     splits, _ = load_splits(cfg.data)
     model, tok = load_backbone(cfg.model, cfg.dtype)
     calib = pack(tok, splits["calib"], cfg.seq_len, PRESETS[args.preset]["calibrate"]["sequences"], seed=0)
     rc = cfg.retrofit_config()
     costs = backbone_block_costs(model, calib, rc.block_size, rc.boundaries)
     blocks = costs.cheapest(args.drop)
+    layers = sorted(costs.layers_of(blocks))
+    distances = layer_distances(model, calib)
+    if args.cut != "blocks":  # as many layers as the blocks hold, cut where the angular distance says
+        layers = (distances.cheapest_run if args.cut == "angular-run" else distances.cheapest_single)(len(layers))
+        blocks = [n for n, held in enumerate(costs.blocks, start=1) if set(held) <= set(layers)]
     arms = {}
     for objective in args.objectives:
-        arm = LoraArm(params=target, drop_layers=sorted(costs.layers_of(blocks)), drop_blocks=blocks,
+        arm = LoraArm(params=target, drop_layers=layers, drop_blocks=blocks,
                       objective=objective, temperature=args.temperature, full_layers=args.full_layers,
                       full_lr_mult=args.full_lr_mult)
         t0 = time.time()
@@ -85,7 +93,9 @@ def main() -> None:
     rows = {name: {split: {k: m[name][k] for k in ("kl_to_backbone", "top1_agreement", "ppl_ratio")}
                    for split, m in (("test", r["methods"]), ("kjv", r["heldout"]["methods"]))}
             for name in r["methods"]}
-    result = {"preset": args.preset, "lr": args.lr, "drop_blocks": blocks, "A": costs.A, "params": target,
+    result = {"preset": args.preset, "lr": args.lr, "drop_blocks": blocks, "drop_layers": layers, "cut": args.cut,
+              "A": costs.A, "params": target, "angular_run": distances.cheapest_run(len(layers)),
+              "angular_single": distances.cheapest_single(len(layers)),
               "tokens": cfg.steps * cfg.batch_size * cfg.seq_len, "temperature": args.temperature,
               "full_layers": args.full_layers, "full_lr_mult": args.full_lr_mult,
               "arms": {o: {"val_ppl": a["summary"]["ppl_full"]["end"], "val_kl": a["summary"]["kl_full"]["end"],

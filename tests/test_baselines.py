@@ -346,3 +346,25 @@ def test_block_costs_read_the_ablation_as_perplexity_kl_and_influence():
     costs = backbone_block_costs(model, Packed(ids, ids.clone(), ["x"] * 4), block_size=1)
     assert costs.A[4] == pytest.approx(1.0, abs=1e-6) and costs.kl[4] == pytest.approx(0.0, abs=1e-6)
     assert costs.cheapest(1, "kl") == [4]  # KL is never below 0; A may be below 1 on a random model
+
+
+def test_angular_distances_find_a_layer_that_does_nothing():
+    """Gromov et al.'s angular distance between layer inputs: a layer whose attention and MLP write nothing leaves
+    its input's direction as it was (distance 0), so it is the cheapest single layer and the cheapest run of one;
+    every distance lies in [0, 1]; the first and the last layers are never chosen."""
+    from reskip.baselines.pruning import layer_distances
+    from reskip.data.packing import Packed
+
+    model = tiny_model("llama", init_std=0.2)
+    layer = compat.decoder_layers(model)[3]
+    with torch.no_grad():
+        layer.self_attn.o_proj.weight.zero_()
+        layer.mlp.down_proj.weight.zero_()
+    ids = torch.randint(3, 90, (4, 12), generator=torch.Generator().manual_seed(0))
+    d = layer_distances(model, Packed(ids, ids.clone(), ["doc"] * 4), batch_size=2)
+    assert d.d[3][4] == pytest.approx(0.0, abs=1e-4)
+    assert all(0.0 <= d.d[a][b] <= 1.0 for a in range(6) for b in range(a + 1, 6))
+    assert d.cheapest_single(1) == [3] and d.cheapest_run(1) == [3]
+    assert 0 not in d.cheapest_single(4) and 5 not in d.cheapest_single(4)
+    run = d.cheapest_run(3)
+    assert run == list(range(run[0], run[0] + 3)) and run[0] >= 1 and run[-1] <= 4

@@ -112,6 +112,7 @@ def test_the_training_loops_on_the_device(tmp_path, monkeypatch):
     """The side-channel's training (its steps, validations, checkpoints and resume) and a LoRA baseline's."""
     import reskip.baselines.lora_trainee as lora_trainee
     import reskip.train.loop as loop
+    from reskip.stages.train import train_run
     import reskip.train.trainee as trainee
     from helpers import save_tiny, write_corpus
     from reskip.baselines.arms import LoraArm
@@ -128,8 +129,8 @@ def test_the_training_loops_on_the_device(tmp_path, monkeypatch):
                       seq_len=16, steps=2, batch_size=2, eval_every=1, save_every=1, eval_sequences=2,
                       lambda_signal=1.0, retrofit={"block_size": 2, "rank": 8})
     with sim:
-        loop.train_run(tmp_path / "run", cfg, show_progress=False)
-        loop.train_run(tmp_path / "run", cfg, resume=True, show_progress=False)
+        train_run(tmp_path / "run", cfg, show_progress=False)
+        train_run(tmp_path / "run", cfg, resume=True, show_progress=False)
         train_lora(cfg, LoraArm(params=1000), tmp_path / "lora", show_progress=False)
 
 

@@ -22,7 +22,7 @@ from reskip.lora_ranks import matched_lora_config
 
 
 def test_the_layers_next_to_the_cut_are_the_nearest_kept_ones_after_before_before():
-    # SmolLM2's block 4 (layers 16-19 of 30): layer 20 (index 16 once pruned), then 15, then 21
+    # layers 16-19 of 30 removed: layer 20 (index 16 once pruned), then 15, then 21
     assert layers_next_to_cut(30, [16, 17, 18, 19], 1) == [16]
     assert layers_next_to_cut(30, [16, 17, 18, 19], 2) == [15, 16]
     assert layers_next_to_cut(30, [16, 17, 18, 19], 3) == [15, 16, 17]

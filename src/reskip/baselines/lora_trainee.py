@@ -138,7 +138,8 @@ class LoraTrainee:
                 with self.objective.teacher():
                     cache[i] = compat.decoder_body(base)(input_ids=ids, use_cache=False).last_hidden_state
             z_teacher = head_logits(cache[i], compat.output_head(base))  # (1, T, V): the backbone's logits
-            back[0] += ce_tokens(z_teacher, labels).double().sum().item()
+            # in the model's dtype, as its `.logits` and the student's below are read
+            back[0] += ce_tokens(z_teacher.to(cache[i].dtype), labels).double().sum().item()
             back[1] += int((labels[:, 1:] != -100).sum())
             teacher = teacher_targets(z_teacher)  # p: (1, T, V)
             for depth, sums in per.items():

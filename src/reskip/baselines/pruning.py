@@ -11,12 +11,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .. import compat
 from ..ar_retrofit.blocks import retrofit_blocks
 from ..ar_retrofit.config import RetrofitConfig
 from ..ar_retrofit.model import retrofit
+from ..backbones.devices import model_device
 from ..data.packing import Packed
 from ..errors import ReskipError
 from ..calibrate.calibration import measure_blocks
@@ -104,3 +107,46 @@ def prune_keeping(model: nn.Module, layers: set[int]) -> compat.RemovedLayers:
     """Remove these decoder layers in place and keep them, so that the unpruned backbone can run again as the
     teacher of healing by distillation (`compat.layers_put_back`) without a second copy of its weights."""
     return compat.remove_layers(model, set(layers))
+
+
+@dataclass
+class LayerDistances:
+    """Gromov et al.'s angular distance between the inputs of the backbone's layers: d[a][b] = arccos(cos(x_a, x_b))
+    / pi, per token, averaged over the calibration positions (x_l: the input of layer l, (B, T, d)). A run of n
+    layers starting at l is cheap to remove when x_l and x_(l+n) point the same way."""
+
+    d: list[list[float]]  # (L, L), upper triangle filled
+
+    def cheapest_run(self, n: int) -> list[int]:
+        """The n consecutive layers whose removal changes the residual stream's direction least, never the first
+        layer nor the last (the blocks' rule: their first and last blocks are never dropped)."""
+        n_layers = len(self.d)
+        starts = range(1, n_layers - n)
+        if not starts:
+            raise ReskipError(f"no run of {n} layers between the first and the last of {n_layers}")
+        best = min(starts, key=lambda start: self.d[start][start + n])
+        return list(range(best, best + n))
+
+    def cheapest_single(self, n: int) -> list[int]:
+        """The n layers, each one alone the cheapest by d(x_l, x_(l+1)), first and last excluded."""
+        inner = range(1, len(self.d) - 1)
+        return sorted(sorted(inner, key=lambda layer: self.d[layer][layer + 1])[:n])
+
+
+@torch.no_grad()
+def layer_distances(model: nn.Module, data: Packed, batch_size: int = 4) -> LayerDistances:
+    """Every pair of the backbone's layer inputs on `data`, from one pass per batch (the layers' inputs are the
+    model's hidden states 0..L-1; the L-th is after the final norm and is not a layer's input)."""
+    n_layers = len(compat.decoder_layers(model))
+    device = model_device(model)
+    sums = torch.zeros(n_layers, n_layers, dtype=torch.float64, device=device)  # summed on the device, read once
+    positions = 0
+    for ids, _ in data.batches(batch_size, device):
+        states = model(input_ids=ids, output_hidden_states=True, use_cache=False).hidden_states
+        xs = [F.normalize(h.float(), dim=-1) for h in states[:n_layers]]  # L x (B, T, d)
+        for a in range(n_layers):
+            for b in range(a + 1, n_layers):
+                cos = (xs[a] * xs[b]).sum(-1).clamp(-1.0, 1.0)  # (B, T)
+                sums[a, b] += (torch.arccos(cos) / math.pi).double().sum()
+        positions += ids.numel()
+    return LayerDistances((sums / positions).cpu().tolist())

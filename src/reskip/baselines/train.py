@@ -1,6 +1,6 @@
 """Training a baseline arm: a parameter-matched LoRA on the frozen backbone, or on the backbone with its cheapest
 blocks removed (healed static pruning), healed by `ce`, `kd` or `kd+ce` (`baselines.healing`). The training itself is
-the one loop's (`train.loop.train_run` with `lora_trainee.LoraRecipe`); this module is what `reskip experiment
+the one loop's (`stages.train.train_run` with `lora_trainee.LoraRecipe`); this module is what `reskip experiment
 baselines` asks of an arm's folder: train it, resume it when it stopped, read it back when it is finished."""
 
 from __future__ import annotations
