@@ -230,3 +230,18 @@ def test_the_front_door_holds_the_reskip_half_and_loads_lazily():
 
     assert all(callable(f) for f in (calibrate_run, evaluate_run, generate_text, open_run, parse_spec, score))
     assert parse_spec("reskip:budget=1").kind == "reskip" and CalibrateOptions() and EvalOptions()
+
+
+def test_functions_and_modules_stay_short():
+    """No function in src/ over 60 lines and no module over 500: one idea each, readable on a screen."""
+    long_functions, long_modules = [], []
+    for path in sorted(SRC.rglob("*.py")):
+        text = path.read_text()
+        if text.count("\n") > 500:
+            long_modules.append(f"{path.relative_to(SRC)} ({text.count(chr(10))} lines)")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60:
+                long_functions.append(f"{path.relative_to(SRC)}:{node.lineno} {node.name} "
+                                      f"({node.end_lineno - node.lineno + 1} lines)")
+    assert not long_functions, long_functions
+    assert not long_modules, long_modules

@@ -78,6 +78,13 @@ def test_compress_removes_heals_exports_and_measures_then_resumes(tiny, capsys):
     by_kl = json.loads((tmp / "by-kl" / "report.json").read_text())["blocks"]
     assert by_kl["removed"] == [int(min((n for n in kl if 1 < int(n) < 6), key=kl.get))]
 
+    # healed with the layer after the cut trained in full beside the LoRA: counted in the report, in the folder
+    assert main(_args(tiny, tmp / "full", "--full-layers", "1", "--no-speed", "--mc-limit", "0")) == 0
+    full = json.loads((tmp / "full" / "report.json").read_text())
+    assert len(full["healing"]["full_layers"]) == 1
+    assert full["healing"]["parameters"] > report["healing"]["parameters"] + 4 * 32 * 32  # a whole layer more
+    assert "full_layers" in full["settings"] and "full_layers" not in report["settings"]
+
 
 @pytest.mark.parametrize("extra, message", [
     (["--drop", "5"], "has 4 middle blocks"),

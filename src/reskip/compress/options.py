@@ -38,6 +38,9 @@ class CompressOptions(BackboneOptions):
                           low=1e-8, high=1.0)
     params: int | None = described(None, "the healing LoRA's trainable parameters (None: the side-channel's count at "
                                          "the recipe's rank on this model, 982,663 on SmolLM2-135M)", low=1)
+    full_layers: int = described(0, "kept layers next to the cut trained in full, with the final norm (their "
+                                    "learning rate a tenth of --lr), beside the LoRA on the other layers (0: the "
+                                    "LoRA only)", low=0)
     heldout: list[str] = described(default_factory=lambda: ["kjv"],
                                    help="text no stage saw, where the report measures too (empty: none)")
     sequences: int = described(16, "test (and held-out) sequences the report scores, of the healing's length (256 "

@@ -81,7 +81,8 @@ def plan(o: CompressOptions) -> Plan:
     params = o.params or count_params(config, cfg.retrofit_config()).new_params
     identity = {"model": o.model, "data": list(o.data), "block_size": o.block_size, "choose": o.choose, "drop": o.drop,
                 "keep_flops": o.keep_flops, "objective": o.objective, "preset": o.preset, "lr": o.lr,
-                "params": params, "dtype": resolve_dtype_name(o.dtype, resolve_device(o.device))}
+                "params": params, "dtype": resolve_dtype_name(o.dtype, resolve_device(o.device)),
+                **({"full_layers": o.full_layers} if o.full_layers else {})}  # a folder made before it resumes
     return Plan(cfg, blocks, params, identity)
 
 
@@ -169,7 +170,8 @@ def compress(o: CompressOptions, show=print) -> Path:
         layers = sorted(costs.layers_of(blocks))
         show(f"[compress] 2/4 heal: blocks {blocks} (layers {layers[0]}-{layers[-1]}) removed; a LoRA matched to "
              f"{p.params:,} parameters trained by {o.objective} on {p.cfg.steps * p.cfg.batch_size * p.cfg.seq_len:,} tokens")
-        arm = LoraArm(params=p.params, drop_layers=layers, drop_blocks=blocks, objective=o.objective)
+        arm = LoraArm(params=p.params, drop_layers=layers, drop_blocks=blocks, objective=o.objective,
+                      full_layers=o.full_layers)
         summary = train_lora(p.cfg, arm, out / HEAL, show_progress=not o.quiet)
         if not (out / MODEL / RECORD).is_file():
             show(f"[compress] 3/4 export: {out / MODEL}")
@@ -178,7 +180,9 @@ def compress(o: CompressOptions, show=print) -> Path:
         report = {"command": command_line(o), "settings": p.identity,
                   "blocks": {**costs.to_dict(), "chosen_by": o.choose, "removed": blocks, "layers_removed": layers,
                              "layers": sum(len(b) for b in costs.blocks)},
-                  "healing": {"objective": o.objective, "parameters": summary["lora"]["parameters"],
+                  "healing": {"objective": o.objective,
+                              "parameters": summary["lora"]["parameters"] + summary["lora"].get("full_parameters", 0),
+                              "full_layers": summary["lora"].get("full_layers", []),
                               "tokens": summary["tokens_seen"], "train_wall_s": summary["train_wall_s"],
                               "val_kl": summary.get("kl_full"), "val_ppl": summary["ppl_full"],
                               "val_ppl_original": summary["ppl_backbone"]},

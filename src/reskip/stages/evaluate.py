@@ -107,17 +107,22 @@ def evaluate_run(run, options: EvalOptions = EvalOptions()) -> Path:
         open_scorers(held_methods, scorer_context, scorers)
         print(f"[eval] {len(held_methods)} methods on {len(held)} held-out sequences ({', '.join(options.heldout)})",
               flush=True)
-        held_results = run_methods(held, held_methods, "eval held-out")
-        for name, r in held_results.items():
-            if name in results and results[name].get("matched"):
-                r["matched"] = True
-        out["heldout"] = {"data": list(options.heldout), "test_split": heldout_record["splits"]["test"],
-                          "sequences": len(held), "methods": held_results,
-                          "frontier": frontier_of(held_results, model.n_blocks)}
+        out["heldout"] = _heldout_results(run_methods(held, held_methods, "eval held-out"), results, options,
+                                          heldout_record, len(held), model.n_blocks)
     folder = Path(options.out) if options.out else source.files.eval_dir
     atomic_write_json(folder / "results.json", stamped("results.json", out))
     atomic_write_text(folder / "results.md", markdown(out))
     return folder / "results.json"
+
+
+def _heldout_results(held_results: dict, results: dict, options: EvalOptions, record: dict, sequences: int,
+                     n_blocks: int) -> dict:
+    """The held-out block of results.json: its rows (a row matched on the test split is marked so there too)."""
+    for name, r in held_results.items():
+        if name in results and results[name].get("matched"):
+            r["matched"] = True
+    return {"data": list(options.heldout), "test_split": record["splits"]["test"], "sequences": sequences,
+            "methods": held_results, "frontier": frontier_of(held_results, n_blocks)}
 
 
 def _heldout_documents(options: EvalOptions, specs: list[str]) -> tuple[dict | None, dict | None]:
