@@ -192,6 +192,8 @@ def test_the_nested_and_stacked_experiments_compare_with_what_a_user_would_do_in
         assert {"nested:1", "nested:2", "nested-sum:2"} <= set(points) and any(n.startswith("stacked ") for n in points)
         assert any(n.startswith("stacked-backbone-teacher reskip:budget=") for n in points)
         assert any(n.startswith("backbone-teacher reskip:budget=") for n in points)
+        assert points["nested:2"]["family"] == "nested" and points["kd-2"]["family"] == "static"
+        assert {p["family"] for n, p in points.items() if n.startswith("stacked ")} == {"stacked"}
         for p in points.values():
             if "minus_mixture" in p:
                 assert p["minus_mixture"]["kl"]["mean"] == pytest.approx(p["kl_to_backbone"] - p["mixture"]["kl"],

@@ -374,6 +374,11 @@ def fig_baselines(result: dict):
     return "Baselines: quality against compute", _png(fig), caption
 
 
+def _family_of_name(name: str) -> str:
+    # a frontier written before its points carried their family: the name's first word, as it was written
+    return name.split(":")[0].split(" ")[0]
+
+
 def fig_fidelity_frontier(result: dict):
     """KL to the backbone against layer FLOPs, one panel per split: the static healed models joined by their
     per-sequence mixtures (a line), and every other point by its family."""
@@ -391,7 +396,7 @@ def fig_fidelity_frontier(result: dict):
             ax.annotate(n, (s, k), textcoords="offset points", xytext=(4, 4), fontsize=7)
         for family, (color, marker) in styles.items():
             mine = [(p["flops_executed_share"], p["kl_to_backbone"]) for n, p in points.items()
-                    if p["kind"] == "dynamic" and n.split(":")[0].split(" ")[0] == family]
+                    if p["kind"] == "dynamic" and p.get("family", _family_of_name(n)) == family]
             if mine:
                 ax.scatter(*zip(*mine), color=color, marker=marker, label=family, zorder=3)
         ax.set_xlabel("share of the backbone's layer FLOPs executed")
