@@ -48,13 +48,10 @@ def main() -> None:
     rows = {name: {split: {k: m[name][k] for k in ("kl_to_backbone", "top1_agreement", "ppl_ratio",
                                                       "flops_executed_share")}
                    for split, m in splits.items()} for name in labels}
-    diffs = {}
-    for pair in args.diff:
-        a, _, b = pair.partition("=")
-        diffs[pair] = {split: difference(m[a], m[b]) for split, m in splits.items()}
+    pairs = {pair: pair.split("=", 1) for pair in args.diff}  # "A=B" -> (A, B)
+    diffs = {pair: {split: difference(m[a], m[b]) for split, m in splits.items()} for pair, (a, b) in pairs.items()}
     out = {"results": args.results, "labels": labels, "rows": rows, "differences": diffs}
-    name_of = {**labels, **{p: f"{labels.get(p.partition('=')[0], p.partition('=')[0])} - "
-                             f"{labels.get(p.partition('=')[2], p.partition('=')[2])}" for p in diffs}}
+    name_of = {**labels, **{pair: f"{labels.get(a, a)} - {labels.get(b, b)}" for pair, (a, b) in pairs.items()}}
     md = ["| method | " + " | ".join(f"{s}: KL | {s}: top-1 | {s}: ppl / backbone" for s in splits) + " |",
           "| --- |" + " --- | --- | --- |" * len(splits)]
     md += [f"| {name_of[name]} | " + " | ".join(f"{r[s]['kl_to_backbone']:.4f} | {r[s]['top1_agreement']:.4f} | "

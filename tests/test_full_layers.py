@@ -11,14 +11,14 @@ from transformers import AutoModelForCausalLM
 from helpers import save_tiny, tiny_model, tiny_train_config, write_corpus
 from reskip import compat
 from reskip.baselines.arms import LoraArm, load_arm_model
-from reskip.baselines.full_layers import full_copies, full_module_names, layers_next_to_cut, train_in_float32
+from reskip.baselines.full_layers import full_copies, layers_next_to_cut, train_in_float32
 from reskip.baselines.healing import HealingObjective
 from reskip.baselines.lora import add_lora
 from reskip.baselines.pruning import prune_keeping
 from reskip.baselines.train import train_lora
 from reskip.cli import main
 from reskip.errors import ReskipError
-from reskip.lora_ranks import matched_lora_config
+from reskip.lora_ranks import full_module_names, matched_lora_config
 
 
 def test_the_layers_next_to_the_cut_are_the_nearest_kept_ones_after_before_before():
@@ -41,7 +41,8 @@ def _arm_model(dtype=torch.float32):
     removed = prune_keeping(model, {2, 3})
     full = layers_next_to_cut(6, [2, 3], 1)
     names = full_module_names(model, full)
-    config, _ = matched_lora_config(model, 2_000, names, full)
+    config, _ = matched_lora_config(model, 2_000, full)
+    assert list(config.modules_to_save) == names  # the layers and the norm, by their exact names
     peft = add_lora(model, config)
     return peft, removed, ids, whole, full, names
 

@@ -51,12 +51,19 @@ def lora_parameters(costs: list[int], ranks: list[int]) -> int:
     return sum(c * r for c, r in zip(costs, ranks))
 
 
-def matched_lora_config(model: nn.Module, target: int, in_full: list[str] | None = None,
-                        full_layers: list[int] = ()) -> tuple:
+def full_module_names(model: nn.Module, layers: list[int]) -> list[str]:
+    """Exact qualified names of the decoder layers `layers` (of the model as it is) and of its final norm: the
+    modules a LoRA config trains in full (PEFT's modules_to_save), chosen by structure."""
+    names = {id(m): n for n, m in model.named_modules()}
+    decoder = compat.decoder_layers(model)
+    return [names[id(decoder[i])] for i in layers] + [names[id(compat.final_norm(model))]]
+
+
+def matched_lora_config(model: nn.Module, target: int, full_layers: list[int] = ()) -> tuple:
     """(the PEFT LoraConfig whose trainable parameters on `model` come nearest `target`, its accounting: {ranks
-    per layer, parameters, target, rel_diff}). `in_full`: qualified names of modules trained in full instead
-    (`baselines.full_layers`; PEFT's modules_to_save), among them the decoder layers `full_layers`, which then
-    carry no LoRA: the ranks are dealt over the other layers."""
+    per layer, parameters, target, rel_diff}). `full_layers`: decoder layers trained in full instead, with the
+    final norm (`baselines.full_layers`; PEFT's modules_to_save); they carry no LoRA: the ranks are dealt over the
+    other layers."""
     from peft import LoraConfig  # lazy: counting parameters needs no PEFT until a LoRA is asked for
 
     layers = [layer for i, layer in enumerate(projections(model)) if i not in set(full_layers)]
@@ -78,6 +85,6 @@ def matched_lora_config(model: nn.Module, target: int, in_full: list[str] | None
     config = LoraConfig(r=common, lora_alpha=ALPHA_PER_RANK * common, lora_dropout=0.0, bias="none",
                         target_modules=targets, rank_pattern=pattern,
                         alpha_pattern={k: ALPHA_PER_RANK * r for k, r in pattern.items()},
-                        modules_to_save=list(in_full) if in_full else None)
+                        modules_to_save=full_module_names(model, list(full_layers)) if full_layers else None)
     params = lora_parameters(costs, ranks)
     return config, {"ranks": ranks, "parameters": params, "target": target, "rel_diff": params / target - 1}

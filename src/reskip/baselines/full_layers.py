@@ -4,7 +4,7 @@
 They are PEFT's `modules_to_save` of the arm's adapter, so one loader, one save and one merge serve every arm: the
 adapter file holds the trained copies, `merge_and_unload` puts them in place, `disable_adapter` gives the teacher
 the backbone's own modules back. The modules are chosen by structure (the kept layers nearest a removed one, then
-the decoder's final norm) and handed to PEFT by their exact qualified names.
+the decoder's final norm) and handed to PEFT by their exact qualified names (`lora_ranks.full_module_names`).
 
 While training, the trained copies hold float32 master weights (bfloat16 would round a 1e-4 update away); a hook
 casts their floating inputs to float32 and their output back to the model's dtype, so the layers around them see
@@ -16,8 +16,6 @@ from __future__ import annotations
 import torch
 from peft.utils import ModulesToSaveWrapper
 from torch import nn
-
-from .. import compat
 
 
 def layers_next_to_cut(n_layers: int, drop: list[int], count: int) -> list[int]:
@@ -33,13 +31,6 @@ def layers_next_to_cut(n_layers: int, drop: list[int], count: int) -> list[int]:
 
     chosen = sorted(kept, key=distance)[:count]
     return sorted(kept.index(i) for i in chosen)
-
-
-def full_module_names(model: nn.Module, layers: list[int]) -> list[str]:
-    """Exact qualified names of the decoder layers `layers` (of the model as it is) and of its final norm."""
-    names = {id(m): n for n, m in model.named_modules()}
-    decoder = compat.decoder_layers(model)
-    return [names[id(decoder[i])] for i in layers] + [names[id(compat.final_norm(model))]]
 
 
 def full_copies(model: nn.Module) -> list[nn.Module]:

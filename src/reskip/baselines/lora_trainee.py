@@ -23,7 +23,7 @@ from .. import compat
 from ..backbones.devices import model_device
 from .arm_files import write_trained_on
 from .arms import LoraArm, arm_config_text, read_arm
-from .full_layers import full_module_names, layers_next_to_cut, train_in_float32
+from .full_layers import layers_next_to_cut, train_in_float32
 from .healing import HealingObjective
 from .lora import add_lora, trainable_parameters
 from .pruning import prune_keeping
@@ -55,8 +55,7 @@ class LoraRecipe:
         removed = prune_keeping(base, set(self.arm.drop_layers)) if self.arm.drop_layers else None
         full = (layers_next_to_cut(removed.n_layers, self.arm.drop_layers, self.arm.full_layers)
                 if self.arm.full_layers else [])
-        lora_config, accounting = matched_lora_config(base, self.arm.params, full_module_names(base, full) if full
-                                                      else None, full)
+        lora_config, accounting = matched_lora_config(base, self.arm.params, full)
         model = add_lora(base, lora_config)
         full_params = train_in_float32(model)
         accounting = {**accounting, "full_layers": full, "full_parameters": sum(p.numel() for p in full_params)}
@@ -89,7 +88,6 @@ class LoraTrainee:
         self.objective = objective
         self.arm = arm
         self.accounting = accounting
-        self.ppl_backbone = None  # the teacher's validation perplexity, from the first validation's teacher pass
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         return trainable_parameters(self.model)
@@ -126,8 +124,8 @@ class LoraTrainee:
     def validate(self, data: Packed, step: int, cfg: TrainConfig, cache: dict, bar: Progress) -> dict:
         """Perplexity on the validation split (the backbone's from the teacher's pass: `ppl_backbone`) and
         KL(backbone || model) per position: the teacher's final hidden states (1, T, d) computed once per sequence
-        and kept, its logits reapplied by the head (the same operations as its forward). A nested arm: at each depth (`ppl_depth`, `kl_depth`), their
-        means as `ppl_full` (geometric) and `kl_full`."""
+        and kept, its logits reapplied by the head (the same operations as its forward). A nested arm: at each
+        depth (`ppl_depth`, `kl_depth`), their means as `ppl_full` (geometric) and `kl_full`."""
         model, base = self.model, self.model.get_base_model()
         was = model.training
         model.eval()
@@ -151,11 +149,10 @@ class LoraTrainee:
                 sums[3] += ids.numel()
             bar.update(1)
         model.train(was)
-        self.ppl_backbone = math.exp(back[0] / back[1])
         ppl = {d: math.exp(nll / t) for d, (nll, t, _, _) in per.items()}
         kl = {d: k / n for d, (_, _, k, n) in per.items()}
         out = {"ppl_full": math.exp(sum(math.log(p) for p in ppl.values()) / len(ppl)),
-               "ppl_backbone": self.ppl_backbone, "kl_full": sum(kl.values()) / len(kl)}
+               "ppl_backbone": math.exp(back[0] / back[1]), "kl_full": sum(kl.values()) / len(kl)}
         if self.arm.nested:
             out.update(ppl_depth={str(d): p for d, p in ppl.items()}, kl_depth={str(d): k for d, k in kl.items()})
         return out
