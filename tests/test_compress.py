@@ -91,6 +91,7 @@ def test_compress_removes_heals_exports_and_measures_then_resumes(tiny, capsys):
     (["--drop", "1", "--keep-flops", "0.8"], "give one"),
     (["--objective", "mse"], "invalid choice"),
     (["--heldout", "CORPUS"], "part of --data"),
+    (["--full-layers", "6"], "keeps at most 5 layers"),
 ])
 def test_compress_refuses_bad_input_before_any_weights_load(tiny, tmp_path, capsys, extra, message):
     extra = [str(tiny[2]) if e == "CORPUS" else e for e in extra]

@@ -29,7 +29,7 @@ def test_the_layers_next_to_the_cut_are_the_nearest_kept_ones_after_before_befor
     assert layers_next_to_cut(30, [8, 9, 10, 11, 16, 17, 18, 19], 2) == [8, 12]  # after each of the two cuts
     assert layers_next_to_cut(6, [5], 1) == [4]  # nothing after the last layer: the one before it
     for bad in ((30, [], 1), (6, [2], 0), (6, [2], 6)):
-        with pytest.raises(ValueError):
+        with pytest.raises(ReskipError, match="layers next to the cut"):
             layers_next_to_cut(*bad)
 
 

@@ -17,13 +17,16 @@ import torch
 from peft.utils import ModulesToSaveWrapper
 from torch import nn
 
+from ..errors import ReskipError
+
 
 def layers_next_to_cut(n_layers: int, drop: list[int], count: int) -> list[int]:
     """The `count` kept layers nearest a removed one, as indices of the pruned model: by distance to the nearest
     removed layer, the layer after a cut before the layer before it at equal distance."""
     kept = [i for i in range(n_layers) if i not in set(drop)]
     if not drop or not 0 < count <= len(kept):
-        raise ValueError(f"{count} layers next to the cut: need removed layers and 1..{len(kept)} layers")
+        raise ReskipError(f"{count} layers next to the cut: need removed layers and 1 to {len(kept)} layers (the "
+                          "model keeps that many)")
 
     def distance(i: int) -> tuple[int, int]:
         d = min(abs(i - j) for j in drop)

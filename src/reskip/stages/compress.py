@@ -74,6 +74,11 @@ def plan(o: CompressOptions) -> Plan:
     if o.drop is not None and o.drop > middle:
         raise ReskipError(f"--drop {o.drop}: the model has {middle} middle blocks of {o.block_size} layers (the first "
                           "and last are kept)")
+    most_kept = (int(o.keep_flops * config.num_hidden_layers) if o.keep_flops is not None
+                 else config.num_hidden_layers - (o.drop or 1) * min(len(b) for b in blocks))
+    if o.full_layers > most_kept:
+        raise ReskipError(f"--full-layers {o.full_layers}: the compressed model keeps at most {most_kept} layers; "
+                          "train fewer in full")
     pc = PipelineConfig(model=o.model, data=list(o.data), preset=o.preset, dtype=o.dtype, device=o.device,
                         trust_remote_code=o.trust_remote_code, overrides={"lr": o.lr, "seed": 0})
     cfg = pc.train_config()
