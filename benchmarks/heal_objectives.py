@@ -64,8 +64,8 @@ def main() -> None:
     costs = backbone_block_costs(model, calib, rc.block_size, rc.boundaries)
     blocks = costs.cheapest(args.drop)
     layers = sorted(costs.layers_of(blocks))
-    distances = layer_distances(model, calib)
-    if args.cut != "blocks":  # as many layers as the blocks hold, cut where the angular distance says
+    distances = None if args.cut == "blocks" else layer_distances(model, calib)
+    if distances is not None:  # as many layers as the blocks hold, cut where the angular distance says
         layers = (distances.cheapest_run if args.cut == "angular-run" else distances.cheapest_single)(len(layers))
         blocks = [n for n, held in enumerate(costs.blocks, start=1) if set(held) <= set(layers)]
     arms = {}
@@ -76,26 +76,12 @@ def main() -> None:
         t0 = time.time()
         s = train_lora(cfg, arm, out / f"healed-{args.drop}-{objective}{suffix}", show_progress=True)
         arms[objective] = {"summary": s, "wall_s": time.time() - t0}
-    # the eval's host: a retrofit run of the same backbone and data (its adapter is not scored: only the
-    # backbone's references and the model methods are)
-    host = out / "host"
-    if not (host / "summary.json").is_file():
-        train_run(host, TrainConfig.from_dict({**cfg.to_dict(), "steps": 1, "batch_size": 1, "eval_every": 1,
-                                               "save_every": 1, "eval_sequences": 1}), show_progress=False,
-                  overwrite=True)
-    methods = ["backbone", f"pruned:{args.drop}",
-               *(f"healed:{out / f'healed-{args.drop}-{o}{suffix}'}" for o in args.objectives)]
-    ev = evaluate_run(host, EvalOptions(methods=parse_specs(methods, METHOD_KINDS), heldout=["kjv"], benchmarks=[],
-                                        seq_len=cfg.seq_len, quiet=True, out=str(out / f"eval{suffix}"),
-                                        calib_sequences=PRESETS[args.preset]["calibrate"]["sequences"],
-                                        **PRESETS[args.preset]["eval"] | {"mc_limit": 1}))
-    r = json.loads(Path(ev).read_text())
-    rows = {name: {split: {k: m[name][k] for k in ("kl_to_backbone", "top1_agreement", "ppl_ratio")}
-                   for split, m in (("test", r["methods"]), ("kjv", r["heldout"]["methods"]))}
-            for name in r["methods"]}
+    rows = score_arms(cfg, args.preset, out, [out / f"healed-{args.drop}-{o}{suffix}" for o in args.objectives],
+                      args.drop, f"eval{suffix}")
     result = {"preset": args.preset, "lr": args.lr, "drop_blocks": blocks, "drop_layers": layers, "cut": args.cut,
-              "A": costs.A, "params": target, "angular_run": distances.cheapest_run(len(layers)),
-              "angular_single": distances.cheapest_single(len(layers)),
+              "A": costs.A, "params": target,
+              **({} if distances is None else {"angular_run": distances.cheapest_run(len(layers)),
+                                               "angular_single": distances.cheapest_single(len(layers))}),
               "tokens": cfg.steps * cfg.batch_size * cfg.seq_len, "temperature": args.temperature,
               "full_layers": args.full_layers, "full_lr_mult": args.full_lr_mult,
               "arms": {o: {"val_ppl": a["summary"]["ppl_full"]["end"], "val_kl": a["summary"]["kl_full"]["end"],
@@ -106,6 +92,26 @@ def main() -> None:
               "rows": rows}
     (out / f"results{suffix}.json").write_text(json.dumps(result, indent=1))
     print(json.dumps(result))
+
+
+def score_arms(cfg: TrainConfig, preset: str, out: Path, arms: list[Path], drop: int, eval_name: str) -> dict:
+    """The backbone, the unhealed cut of `drop` blocks and each arm scored by one `reskip eval` on the test split and
+    kjv: {method: {split: {kl_to_backbone, top1_agreement, ppl_ratio}}}. The eval's host is a retrofit run of the same
+    backbone and data (its adapter is not scored: only the backbone's references and the model methods are)."""
+    host = out / "host"
+    if not (host / "summary.json").is_file():
+        train_run(host, TrainConfig.from_dict({**cfg.to_dict(), "steps": 1, "batch_size": 1, "eval_every": 1,
+                                               "save_every": 1, "eval_sequences": 1}), show_progress=False,
+                  overwrite=True)
+    methods = ["backbone", f"pruned:{drop}", *(f"healed:{arm}" for arm in arms)]
+    ev = evaluate_run(host, EvalOptions(methods=parse_specs(methods, METHOD_KINDS), heldout=["kjv"], benchmarks=[],
+                                        seq_len=cfg.seq_len, quiet=True, out=str(out / eval_name),
+                                        calib_sequences=PRESETS[preset]["calibrate"]["sequences"],
+                                        **PRESETS[preset]["eval"] | {"mc_limit": 1}))
+    r = json.loads(Path(ev).read_text())
+    return {name: {split: {k: m[name][k] for k in ("kl_to_backbone", "top1_agreement", "ppl_ratio")}
+                   for split, m in (("test", r["methods"]), ("kjv", r["heldout"]["methods"]))}
+            for name in r["methods"]}
 
 
 if __name__ == "__main__":

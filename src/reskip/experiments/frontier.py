@@ -97,18 +97,17 @@ def _split(nested: dict, recipe: dict, stacked: dict[str, dict], depths: int, va
     """Every point of one split: static (backbone, kd-k), nested:k, and the dynamic points each beside the static
     mixture at its compute."""
     static = {"backbone": backbone_row(nested["kd-1"]), **{f"kd-{k}": nested[f"kd-{k}"] for k in range(1, depths + 1)}}
-    dynamic = {f"{v}:{k}": nested[f"{v}:{k}"] for v in variants for k in range(1, depths + 1)}
-    family = {f"{v}:{k}": v for v in variants for k in range(1, depths + 1)}  # each dynamic point's family
-    dynamic.update({f"backbone-teacher {name}": r for name, r in recipe.items() if r["kind"] == "reskip"})
-    family.update({f"backbone-teacher {name}": "backbone-teacher" for name in recipe})
+    # name -> (family, row): each point's family travels with its row
+    dynamic = {f"{v}:{k}": (v, nested[f"{v}:{k}"]) for v in variants for k in range(1, depths + 1)}
+    dynamic.update({f"backbone-teacher {name}": ("backbone-teacher", r) for name, r in recipe.items()
+                    if r["kind"] == "reskip"})
     for variant, rows in stacked.items():
         label = "stacked" if variant == "recipe" else f"stacked-{variant}"
-        dynamic.update({f"{label} {name}": r for name, r in rows.items() if r["kind"] == "reskip"})
-        family.update({f"{label} {name}": label for name in rows})
+        dynamic.update({f"{label} {name}": (label, r) for name, r in rows.items() if r["kind"] == "reskip"})
     points = {}
-    for name, r in {**static, **dynamic}.items():
+    for name, (family, r) in {**{n: ("static", r) for n, r in static.items()}, **dynamic}.items():
         same_sequences(r, static["kd-1"])
-        points[name] = {"kind": "static" if name in static else "dynamic", "family": family.get(name, "static"),
+        points[name] = {"kind": "static" if name in static else "dynamic", "family": family,
                         **{f: r[f] for f in FIELDS if f in r}}
         mix = mixture(static, r["flops_executed_share"]) if name in dynamic else None
         if mix:
