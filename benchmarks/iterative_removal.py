@@ -24,7 +24,7 @@ from reskip.baselines.arms import LoraArm, load_arm_model
 from reskip.baselines.iterative import candidate_units, iterative_removal, removed_layers
 from reskip.baselines.pruning import backbone_block_costs
 from reskip.baselines.train import train_lora
-from reskip.data.packing import pack
+from reskip.data.packing import Packed, pack
 from reskip.data.sources import load_splits
 from reskip.pipeline import PRESETS, PipelineConfig
 from reskip.progress import Progress
@@ -39,6 +39,8 @@ def main() -> None:
     ap.add_argument("--unit", choices=("blocks", "layers"), default="blocks")
     ap.add_argument("--drop", type=int, default=1, help="blocks' worth of layers removed")
     ap.add_argument("--round-steps", type=int, default=25, help="each round's healing steps (the preset's batch)")
+    ap.add_argument("--score-sequences", type=int, default=None,
+                    help="calibration sequences each round reads (default: all the preset's; A(n) reads all)")
     args = ap.parse_args()
     out = Path(args.out)
     pc = PipelineConfig(preset=args.preset)
@@ -65,13 +67,16 @@ def main() -> None:
         return load_arm_model(folder)[0]
 
     bar = Progress(sum(len(units) - i for i in range(k)), "iterative removal", unit="candidate")
-    rounds = iterative_removal(backbone, calib, units, k, heal, progress=bar)
+    n = args.score_sequences or len(calib)
+    scored = Packed(calib.input_ids[:n], calib.labels[:n], calib.sources[:n])
+    rounds = iterative_removal(backbone, scored, units, k, heal, progress=bar)
     bar.close()
     select_s = time.time() - t0
     layers = removed_layers(rounds, units)
     one_shot = sorted(costs.layers_of(costs.cheapest(args.drop)))
     result = {"preset": args.preset, "lr": args.lr, "unit": args.unit, "drop": args.drop, "params": target,
-              "round_tokens": args.round_steps * cfg.batch_size * cfg.seq_len, "rounds_healed": k - 1,
+              "round_tokens": args.round_steps * cfg.batch_size * cfg.seq_len,
+              "score_sequences": n, "rounds_healed": k - 1,
               "selection_wall_s": select_s, "rounds": [r.to_dict() for r in rounds], "layers": layers,
               "one_shot_layers": one_shot, "same_as_one_shot": layers == one_shot}
     if layers != one_shot:  # the chosen cut healed from the start at the preset's budget, then scored
