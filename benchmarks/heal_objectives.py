@@ -67,7 +67,7 @@ def main() -> None:
     distances = None if args.cut == "blocks" else layer_distances(model, calib)
     if distances is not None:  # as many layers as the blocks hold, cut where the angular distance says
         layers = (distances.cheapest_run if args.cut == "angular-run" else distances.cheapest_single)(len(layers))
-        blocks = [n for n, held in enumerate(costs.blocks, start=1) if set(held) <= set(layers)]
+        blocks = costs.blocks_within(layers)
     arms = {}
     for objective in args.objectives:
         arm = LoraArm(params=target, drop_layers=layers, drop_blocks=blocks,

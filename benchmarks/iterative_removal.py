@@ -52,14 +52,14 @@ def main() -> None:
     rc = cfg.retrofit_config()
     costs = backbone_block_costs(backbone, calib, rc.block_size, rc.boundaries)
     units = candidate_units(costs.blocks, args.unit)
-    k = args.drop if args.unit == "blocks" else len(costs.layers_of(costs.cheapest(args.drop)))
+    one_shot = sorted(costs.layers_of(costs.cheapest(args.drop)))  # the backbone's cheapest blocks by A(n)
+    k = args.drop if args.unit == "blocks" else len(one_shot)
     round_cfg = TrainConfig.from_dict({**cfg.to_dict(), "steps": args.round_steps})
     name = f"iterative-{args.unit}-{args.drop}"
     t0 = time.time()
 
     def arm_for(layers: list[int]) -> LoraArm:
-        blocks = [n for n, held in enumerate(costs.blocks, start=1) if set(held) <= set(layers)]
-        return LoraArm(params=target, drop_layers=layers, drop_blocks=blocks, objective="kd")
+        return LoraArm(params=target, drop_layers=layers, drop_blocks=costs.blocks_within(layers), objective="kd")
 
     def heal(layers: list[int]):
         folder = out / f"iterative-{args.unit}-rounds" / f"removed-{len(layers)}"  # the same for every --drop
@@ -73,7 +73,6 @@ def main() -> None:
     bar.close()
     select_s = time.time() - t0
     layers = removed_layers(rounds, units)
-    one_shot = sorted(costs.layers_of(costs.cheapest(args.drop)))
     result = {"preset": args.preset, "lr": args.lr, "unit": args.unit, "drop": args.drop, "params": target,
               "round_tokens": args.round_steps * cfg.batch_size * cfg.seq_len,
               "score_sequences": n, "rounds_healed": k - 1,

@@ -13,7 +13,7 @@ from reskip import compat
 from reskip.baselines.iterative import (backbone_states, candidate_units, iterative_removal, removal_kl,
                                        removed_layers)
 from reskip.baselines.lora import add_lora
-from reskip.baselines.pruning import prune
+from reskip.baselines.pruning import BlockCosts, prune
 from reskip.data.packing import Packed
 from reskip.errors import ReskipError
 from reskip.lora_ranks import matched_lora_config
@@ -94,3 +94,9 @@ def test_blocks_as_units_and_bad_counts():
         iterative_removal(backbone, data, units, 3, heal=None)
     with pytest.raises(ReskipError, match="already removed"):
         removal_kl(backbone, data, [], compat.output_head(backbone), [1, 2], {2: [1, 2]})
+
+
+def test_the_blocks_a_cut_of_single_layers_removes_whole():
+    costs = BlockCosts(BLOCKS, A={}, cos_in_out={})
+    assert costs.blocks_within([1, 2, 3]) == [2] and costs.blocks_within([2, 3]) == []
+    assert costs.blocks_within(sorted(costs.layers_of([2, 3]))) == [2, 3]

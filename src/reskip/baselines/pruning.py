@@ -67,6 +67,10 @@ class BlockCosts:
     def layers_of(self, blocks: list[int]) -> set[int]:
         return {layer for n in blocks for layer in self.blocks[n - 1]}
 
+    def blocks_within(self, layers: list[int]) -> list[int]:
+        """The blocks (1-based) whose every layer is among `layers`: what a cut of single layers removes whole."""
+        return [n for n, held in enumerate(self.blocks, start=1) if set(held) <= set(layers)]
+
     def to_dict(self) -> dict:
         out = {"blocks": self.blocks, "A": {str(n): a for n, a in self.A.items()},
                "cos_in_out": {str(n): c for n, c in self.cos_in_out.items()}}
