@@ -73,8 +73,16 @@ def has_package(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
-def save_tiny(folder, family: str = "llama", seed: int = 0):
-    """A tiny random model + a word-level tokenizer (words w0..w94) saved like a real checkpoint."""
+# A chat template in the tiny vocabulary: w2 opens a user's turn, w3 an assistant's, w4 a system's; w1 (the
+# end-of-sequence token) ends every turn, as <|im_end|> does SmolLM2's
+TINY_CHAT_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'user' %}w2 {% elif m['role'] == 'system' %}w4 "
+                      "{% else %}w3 {% endif %}{{ m['content'] }} w1 {% endfor %}"
+                      "{% if add_generation_prompt %}w3 {% endif %}")
+
+
+def save_tiny(folder, family: str = "llama", seed: int = 0, chat: bool = False):
+    """A tiny random model + a word-level tokenizer (words w0..w94) saved like a real checkpoint; with `chat`, the
+    tokenizer has a chat template (`TINY_CHAT_TEMPLATE`) and a pad token."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -83,7 +91,8 @@ def save_tiny(folder, family: str = "llama", seed: int = 0):
     vocab["[UNK]"] = VOCAB - 1
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", eos_token="w1")
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", eos_token="w1",
+                                   **({"pad_token": "w1", "chat_template": TINY_CHAT_TEMPLATE} if chat else {}))
     model.save_pretrained(folder)
     fast.save_pretrained(folder)
     return folder

@@ -18,11 +18,11 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "reskip"
 STAGES = {
     "reskip.stages": 0,  # the package's docstring: the room of stage entry points, importing nothing
     "reskip.errors": 0, "reskip.io_atomic": 0, "reskip.cache": 0, "reskip.compat": 0, "reskip.losses": 0,
-    "reskip.version": 0, "reskip.run_folder": 0, "reskip.memory": 0, "reskip.fusion": 0, "reskip.progress": 0,
+    "reskip.version": 0, "reskip.divergences": 0, "reskip.run_folder": 0, "reskip.memory": 0, "reskip.fusion": 0, "reskip.progress": 0,
     "reskip.config_fields": 0, "reskip.device_names": 0, "reskip.reading": 0, "reskip.run_folder.lock": 0, "reskip.lora_ranks": 0, "reskip.run_folder.versions": 0,
     "reskip.ar_retrofit": 1,
     "reskip.backbones": 2, "reskip.train_config": 2, "reskip.stages.options": 2,
-    "reskip.data": 3, "reskip.stages.parity": 3,
+    "reskip.data": 3, "reskip.stages.parity": 3, "reskip.chat": 3,
     "reskip.train": 4, "reskip.stages.train": 4,
     "reskip.skip": 5,
     "reskip.analysis": 6, "reskip.stages.inputs": 6,

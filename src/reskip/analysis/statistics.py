@@ -43,6 +43,13 @@ def bootstrap_sum_ratio(a: np.ndarray, b: np.ndarray, n_boot: int = 1000, seed: 
     return _paired(lambda idx: a[idx].sum() / b[idx].sum(), len(a), n_boot, seed)
 
 
+def bootstrap_mean(values: np.ndarray, counts: np.ndarray | None = None, n_boot: int = 1000, seed: int = 0) -> dict:
+    """sum(values) / sum(counts) over items (per-item sums and their counts; counts None: a plain mean), with its 95%
+    bootstrap interval over the items (the same draws as `bootstrap_difference` for the same n and seed)."""
+    counts = np.ones(len(values)) if counts is None else counts
+    return _paired(lambda idx: values[idx].sum() / max(counts[idx].sum(), 1e-300), len(values), n_boot, seed)
+
+
 def verdict(diff: dict) -> str:
     if diff["hi"] < 0:
         return "signal beats random"

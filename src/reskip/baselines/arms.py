@@ -19,6 +19,7 @@ from ..reading import read_yaml
 from ..run_folder import RunFolder
 from ..train_config import TrainConfig, load_yaml
 from .arm_files import check_adapter_files, check_layers, check_loaded, typed_arm
+from .healing import parse_objective
 from .pruning import prune
 
 
@@ -31,9 +32,9 @@ class LoraArm:
     drop_layers: list[int] = described(help="decoder layers removed before healing (empty: a plain LoRA)",
                                        default_factory=list)
     drop_blocks: list[int] = described(help="the blocks those layers form (for the record)", default_factory=list)
-    objective: str = described("ce", "the healing objective: ce (cross-entropy on the mix), kd (KL(backbone || "
-                                     "model) on every position, the backbone as the teacher) or kd+ce",
-                               choices=("ce", "kd", "kd+ce"))
+    objective: str = described("ce", "the healing objective, one of `baselines.healing.OBJECTIVES`: ce (cross-entropy "
+                                     "on the mix), kd (KL(backbone || model), the backbone as the teacher), rkl, "
+                                     "jsd[:beta] or kd+ce")
     temperature: float = described(1.0, "kd's temperature T (the KL of logits / T, scaled by T^2)", low=0.05,
                                    high=100.0)
     full_layers: int = described(0, "kept decoder layers next to the cut trained in full, with the final norm, "
@@ -46,6 +47,12 @@ class LoraArm:
              "from the whole backbone (empty: one depth, drop_layers)", default_factory=list)
     nested_layers: list[list[int]] = described(help="the decoder layers of each nested block, in the same order",
                                                default_factory=list)
+    positions: str = described("all", "the positions the divergence reads: all, or replies (on chat data the "
+                                      "assistant's replies only)", choices=("all", "replies"))
+    on_policy: float = described(0.0, "the share of steps whose batch the student samples itself (replies to the "
+                                      "training data's chat prompts), scored by the teacher (0: none)",
+                                 low=0.0, high=1.0)
+    on_policy_tokens: int = described(128, "new tokens the student samples per reply on an on-policy step", low=1)
 
     @property
     def nested(self) -> bool:
@@ -73,6 +80,12 @@ class LoraArm:
         if self.full_layers and (self.nested or not self.drop_layers):
             raise ReskipError(f"{where}: lora.full_layers trains the layers next to a cut: it needs drop_layers and "
                               "one depth (not nested)")
+        try:
+            loss = parse_objective(self.objective)
+        except ReskipError as e:
+            raise ReskipError(f"{where}: lora.objective: {e}") from None
+        if self.on_policy and (self.nested or not loss.needs_teacher):
+            raise ReskipError(f"{where}: lora.on_policy needs a teacher (not ce) and one depth (not nested)")
         flat = [i for layers in self.nested_layers for i in layers]
         if len(set(flat)) != len(flat) or len(set(self.nested_blocks)) != len(self.nested_blocks):
             raise ReskipError(f"{where}: lora.nested_blocks/nested_layers repeat a block or a layer")

@@ -25,6 +25,7 @@ from .arm_files import write_trained_on
 from .arms import LoraArm, arm_config_text, read_arm
 from .full_layers import layers_next_to_cut, train_in_float32
 from .healing import HealingObjective
+from .on_policy import PromptPool, on_policy_step, prompt_pool, sampled_batch
 from .lora import add_lora, trainable_parameters
 from .pruning import prune_keeping
 from ..data.packing import Packed
@@ -50,7 +51,8 @@ class LoraRecipe:
     def __init__(self, arm: LoraArm):
         self.arm = arm
 
-    def build(self, base: nn.Module, cfg: TrainConfig, val_data: Packed) -> "LoraTrainee":
+    def build(self, base: nn.Module, cfg: TrainConfig, val_data: Packed, tokenizer=None,
+              train_docs: list | None = None) -> "LoraTrainee":
         # a nested arm keeps every layer: its student leaves some out per step (`HealingObjective.student`)
         removed = prune_keeping(base, set(self.arm.drop_layers)) if self.arm.drop_layers else None
         full = (layers_next_to_cut(removed.n_layers, self.arm.drop_layers, self.arm.full_layers)
@@ -59,8 +61,11 @@ class LoraRecipe:
         model = add_lora(base, lora_config)
         full_params = train_in_float32(model)
         accounting = {**accounting, "full_layers": full, "full_parameters": sum(p.numel() for p in full_params)}
-        objective = HealingObjective(model, self.arm.objective, self.arm.temperature, cfg.loss_chunk, removed)
-        return LoraTrainee(model, objective, self.arm, accounting, full_params)
+        objective = HealingObjective(model, self.arm.objective, self.arm.temperature, cfg.loss_chunk, removed,
+                                     self.arm.positions)
+        pool = (prompt_pool(tokenizer, train_docs or [], cfg.seq_len - self.arm.on_policy_tokens)
+                if self.arm.on_policy else None)
+        return LoraTrainee(model, objective, self.arm, accounting, full_params, tokenizer, pool)
 
     def config_text(self, cfg: TrainConfig) -> str:
         return arm_config_text(cfg, self.arm)
@@ -82,8 +87,9 @@ class LoraTrainee:
     terms = ("loss", "ce", "kl")
 
     def __init__(self, model, objective: HealingObjective, arm: LoraArm, accounting: dict,
-                 full_params: list[nn.Parameter] = ()):
+                 full_params: list[nn.Parameter] = (), tokenizer=None, pool: PromptPool | None = None):
         self.model = model
+        self.tokenizer, self.pool = tokenizer, pool  # the chat prompts the student answers on on-policy steps
         self.full_params = list(full_params)  # the layers trained in full: their own learning rate
         self.objective = objective
         self.arm = arm
@@ -101,6 +107,11 @@ class LoraTrainee:
 
     def plan(self, step: int, cfg: TrainConfig, batch_shape: tuple[int, ...]) -> StepPlan:
         self.model.train()  # validation leaves it in eval mode
+        if self.pool is not None and on_policy_step(step, self.arm.on_policy):
+            ids, labels = sampled_batch(self.model, self.tokenizer, self.pool, step, cfg.seed, cfg.batch_size,
+                                        self.arm.on_policy_tokens)
+            return StepPlan({"on_policy": True}, {"on_policy": 1, "sampled_tokens": int((labels != -100).sum())},
+                            batch=(ids, labels))
         if not self.arm.nested:
             return StepPlan()
         depth = nested_depth(step, cfg.seed, self.arm.depths)
@@ -110,10 +121,12 @@ class LoraTrainee:
         # divided by its count (not multiplied by 1 / count): with one process and no accumulation the loss is
         # ce_sum / n_targets, as the arms trained before the one loop computed it
         return objective(ids, labels, counts.targets / (counts.world * counts.grad_accum),
-                         counts.positions / (counts.world * counts.grad_accum), plan.arguments.get("drop"))
+                         counts.positions / (counts.world * counts.grad_accum), plan.arguments.get("drop"),
+                         plan.arguments.get("on_policy", False))
 
     def record_names(self) -> dict[str, str]:
-        return {"loss": "loss", "ce": "ce", **({"kl": "kl"} if self.arm.objective != "ce" else {})}
+        loss = self.objective.loss
+        return {"loss": "loss", "ce": "ce", **({"kl": loss.record_name} if loss.needs_teacher else {})}
 
     def depths(self) -> list[int]:
         """The depths validation reads: a nested arm's 1..K (their mean KL is `kl_full`, what its sweep chooses

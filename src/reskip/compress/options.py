@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from ..config_fields import described
 from ..stages.options import PRESET_HELP, PRESETS, BackboneOptions
 
-OBJECTIVES = ("ce", "kd", "kd+ce")
+# `baselines.healing.OBJECTIVES`, named here without importing torch (a test holds the two lists equal)
+OBJECTIVE_NAMES = ("kd", "rkl", "jsd[:beta]", "ce", "kd+ce")
 
 
 @dataclass
@@ -22,18 +23,40 @@ class CompressOptions(BackboneOptions):
                                  low=1)
     keep_flops: float | None = described(None, "instead of --drop: the share of layer FLOPs to keep at most (e.g. "
                                                "0.8): the fewest blocks removed that reach it", low=0.05, high=0.999)
+    blocks: list[int] | None = described(None, "instead of --drop: the blocks to remove, by number (1 is the first "
+                                               "block; the first and last are kept)")
     block_size: int = described(4, "layers per block (the unit removed)", low=1)
     choose: str = described("ppl", "how the cheapest blocks are ranked on the calibration split: ppl (the ablation "
                                    "cost A(n): perplexity with the block removed / without), kl (the same ablation "
                                    "read as KL to the model) or influence (ShortGPT: the block whose output is most "
                                    "like its input)", choices=("ppl", "kl", "influence"))
     data: list[str] = described(default_factory=lambda: ["default"],
-                                help="the text healing distils on (distillation needs no labels; default: the "
-                                     "bundled mix); its test split and --heldout are where the report measures")
-    objective: str = described("kd", "the healing objective: kd (KL(original || compressed) on every position: the "
-                                     "measured best), ce (cross-entropy on the data) or kd+ce", choices=OBJECTIVES)
+                                help="what healing distils on: default (the bundled text mix), files or folders of "
+                                     "text or chat JSONL, and self or self:N (N conversations the model writes "
+                                     "itself from its chat template, 400 by default); the text's test split and "
+                                     "--heldout are where the report measures raw text")
+    prompts: str | None = described(None, "your own prompts (a file, one a line, or JSONL with a `prompt` field), "
+                                           "answered by the model and healed on beside --data")
+    chat_share: float = described(0.5, "mixed with text, the share of training sequences from the model's own "
+                                       "conversations (self, --prompts)", low=0.0, high=1.0)
+    reply: str = described("sample", "how the model writes the replies it heals on: sample (temperature 0.7) or "
+                                     "greedy", choices=("sample", "greedy"))
+    data_seed: int = described(1, "the seed of the conversations the model writes (the held-out chat prompts were "
+                                  "written under 7001 and 7002, and are never healed on)", low=0)
+    objective: str = described("kd", "the healing objective: " + ", ".join(OBJECTIVE_NAMES) + " (kd: KL(original "
+                                     "|| compressed), the measured best; rkl the reverse KL; jsd GKD's generalised "
+                                     "JSD; ce cross-entropy on the data)")
+    positions: str = described("all", "the positions the divergence reads: all, or replies (on chat data the "
+                                      "replies only)", choices=("all", "replies"))
+    on_policy: float = described(0.0, "the share of healing steps on which the compressed model samples its own "
+                                      "replies to the data's chat prompts and the original scores them (GKD)",
+                                 low=0.0, high=1.0)
+    on_policy_tokens: int = described(128, "new tokens the model samples per reply on an on-policy step", low=1,
+                                      high=4096)
     preset: str = described("standard", "the healing's length (steps x batch x tokens), one of the presets: "
                                         + PRESET_HELP, choices=tuple(PRESETS))
+    steps: int | None = described(None, "healing steps instead of the preset's (its batch and sequence length kept)",
+                                  low=1, high=10_000_000)
     lr: float = described(0.002, "peak learning rate of the healing LoRA (the rate the kd arms were measured at)",
                           low=1e-8, high=1.0)
     params: int | None = described(None, "the healing LoRA's trainable parameters (None: the side-channel's count at "
@@ -45,7 +68,11 @@ class CompressOptions(BackboneOptions):
                                    help="text no stage saw, where the report measures too (empty: none)")
     sequences: int = described(16, "test (and held-out) sequences the report scores, of the healing's length (256 "
                                    "tokens at the standard preset)", low=1)
-    mc_limit: int = described(50, "MMLU questions answered by both models (0: none)", low=0)
+    chat_prompts: int = described(112, "held-out chat prompts the report reads the replies of (the test set's first "
+                                       "N: the sixteen fixed ones, then requests the original wrote itself; 0: none)",
+                                  low=0, high=112)
+    mc_limit: int = described(50, "MMLU questions answered by the original, and by the compressed model where the "
+                                  "original scores above chance (0: none)", low=0)
     no_speed: bool = described(False, "do not time the compressed model against the original (by default: batch 1 "
                                       "and 8 decode and a 512-token prefill in transformers)")
     quiet: bool = described(False, "no progress bar")

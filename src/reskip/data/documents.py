@@ -24,21 +24,23 @@ SEGMENT_CHARS = 4000
 
 @dataclass
 class Document:
-    """`text` for plain text, `messages` ([{role, content}]) for chat; `source` names the mix part."""
+    """`text` for plain text, `messages` ([{role, content}]) for chat; `source` names the mix part. `open_end`: the
+    last assistant turn was cut at a token limit (a reply the model wrote itself), so nothing is taught to end it."""
 
     doc_id: str
     source: str
     text: str | None = None
     messages: list[dict] | None = field(default=None)
+    open_end: bool = False
 
     def to_json(self) -> dict:
         d = {"doc_id": self.doc_id, "source": self.source}
         d.update({"text": self.text} if self.messages is None else {"messages": self.messages})
-        return d
+        return {**d, **({"open_end": True} if self.open_end else {})}
 
     @classmethod
     def from_json(cls, d: dict) -> "Document":
-        return cls(d["doc_id"], d["source"], d.get("text"), d.get("messages"))
+        return cls(d["doc_id"], d["source"], d.get("text"), d.get("messages"), bool(d.get("open_end", False)))
 
 
 def split_of(doc_id: str) -> str:
@@ -86,8 +88,14 @@ def read_user_file(path: Path) -> list[Document]:
             row = json.loads(line)
         except json.JSONDecodeError as e:
             raise ReskipError(f"{path}:{i + 1} is not valid JSON ({e})") from e
+        if not isinstance(row, dict):
+            raise ReskipError(f"{path}:{i + 1} is not a JSON object with a `text` string or a `messages` list")
         if isinstance(row.get("messages"), list):
-            docs.append(Document(f"{source}:{i}", source, messages=check_messages(row["messages"], f"{path}:{i + 1}")))
+            open_end = row.get("open_end", False)
+            if not isinstance(open_end, bool):
+                raise ReskipError(f"{path}:{i + 1}: open_end must be true or false")
+            docs.append(Document(f"{source}:{i}", source, messages=check_messages(row["messages"], f"{path}:{i + 1}"),
+                                 open_end=open_end))
         elif isinstance(row.get("text"), str):
             docs.extend(text_documents(f"{path.name}:{i}", row["text"], source))
         else:

@@ -46,10 +46,11 @@ def _render(tokenizer, messages, generation_prompt=False) -> str:
     return text + ("assistant: " if generation_prompt else "")
 
 
-def chat_tokens(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:
+def chat_tokens(tokenizer, messages: list[dict], open_end: bool = False) -> tuple[list[int], list[int]]:
     """Token ids and labels of one conversation; labels only on assistant content (and its end tag). An assistant
     turn that opens the conversation answers nothing: it is context, not trained (and a chat template cannot
-    render the empty conversation before it)."""
+    render the empty conversation before it). `open_end`: the last turn (an assistant's) was cut at a token limit:
+    its content is trained, its end tag is not written."""
     ids, labels, done = [], [], ""
 
     def add(piece: str, train: bool):
@@ -64,6 +65,9 @@ def chat_tokens(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:
             if header.startswith(done):
                 add(header[len(done):], False)
                 done = header
+        if open_end and answers and i == len(messages) - 1 and done == header:
+            add(m["content"], True)  # the reply as far as it was written: no end tag after it
+            return ids, labels
         full = _render(tokenizer, messages[: i + 1])
         if not full.startswith(done):  # a template that rewrites earlier turns: train on nothing unsafe
             raise ReskipError("the chat template does not render conversations prefix by prefix; use plain text data")
@@ -74,12 +78,12 @@ def chat_tokens(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:
 
 def document_tokens(tokenizer, doc: Document) -> tuple[list[int], list[int]]:
     if doc.messages is not None:
-        ids, labels = chat_tokens(tokenizer, doc.messages)
+        ids, labels = chat_tokens(tokenizer, doc.messages, doc.open_end)
     else:
         ids = tokenizer(doc.text, add_special_tokens=False).input_ids
         labels = list(ids)
     eos = tokenizer.eos_token_id
-    return ids + [eos], labels + [eos]
+    return ids + [eos], labels + [IGNORE if doc.open_end else eos]
 
 
 def pack(tokenizer, docs: list[Document], seq_len: int, n_sequences: int | None, seed: int,

@@ -14,7 +14,11 @@ from ..backbones.dtypes import resolve_dtype_name
 from ..backbones.loading import load_backbone
 from ..data.packing import pack
 from ..data.sources import load_splits
+from ..chat.prompt_sets import PromptSet
+from ..chat.sampling import Sampling, write_all
+from ..chat.template import end_of_turn_ids
 from ..skip.spec import Spec
+from .chat_fidelity import BATCH, REPLY_TOKENS, chat_rows, chat_summary, original_replies
 from .methods import Method, evaluate_methods, open_scorers
 from .scorers import ScorerContext
 
@@ -46,14 +50,31 @@ class Reference:
         return methods
 
     def score(self, methods: list[Method], sources: dict[str, list[str]], sequences: int, seq_len: int,
-              show=print) -> dict[str, dict]:
-        """split name -> the evaluator's rows, on `sequences` test sequences of `seq_len` tokens of each source
-        (data specs; their test split)."""
+              show=print, split: str = "test") -> dict[str, dict]:
+        """split name -> the evaluator's rows, on `sequences` sequences of `seq_len` tokens of each source (data
+        specs) from their `split` (test for figures; val where settings are chosen)."""
         out = {}
         for name, specs in sources.items():
             docs, record = load_splits(list(specs))
-            data = pack(self.tokenizer, docs["test"], seq_len, sequences, seed=0)
-            show(f"scoring {len(methods)} models on {len(data)} sequences of {name}")
+            data = pack(self.tokenizer, docs[split], seq_len, sequences, seed=0)
+            show(f"scoring {len(methods)} models on {len(data)} sequences of {name} ({split} split)")
             rows = evaluate_methods(self.reference, data, methods, window=1, chunk_size=seq_len)
-            out[name] = {"data": list(specs), "test_split": record["splits"]["test"], "rows": rows}
+            out[name] = {"data": list(specs), "test_split": record["splits"][split], "split": split, "rows": rows}
         return out
+
+    def chat(self, methods: list[Method], prompts: PromptSet, max_new_tokens: int = REPLY_TOKENS,
+             show_progress: bool = True, show=print) -> dict:
+        """Chat fidelity (`chat_fidelity`) of the backbone's row and the model methods against the original's own
+        greedy replies to `prompts`; load the reference in float32 for it (greedy agreement in bfloat16 measures
+        rounding too)."""
+        tok = self.tokenizer
+        with self.reference.backbone_only() as original:
+            replies = original_replies(original, tok, prompts, max_new_tokens, show_progress=show_progress)
+        texts, stops = replies.texts(tok), end_of_turn_ids(tok)
+
+        def write(m: Method):
+            show(f"chat: {m.name} answers {len(texts)} prompts")
+            return write_all(m.scorer.model, tok, texts, Sampling(max_new_tokens=max_new_tokens), stops,
+                             batch_size=BATCH, desc=f"chat: {m.name}", show_progress=show_progress)
+
+        return chat_summary(replies, tok, chat_rows(self.reference, tok, replies, methods, write, show=show))

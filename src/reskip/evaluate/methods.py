@@ -204,6 +204,9 @@ class References:
     z_full: torch.Tensor  # the retrofit's logits, nothing skipped (1, T, V)
     full_top1: torch.Tensor  # (1, T)
     margin: torch.Tensor  # top-1 minus top-2 of z_full (1, T)
+    # the positions scored, [a, b): every position (None), or those whose next token is labelled (a chat reply:
+    # one contiguous span); `teacher` then holds the span's p (1, b - a, V) and its sum of p log p
+    span: tuple[int, int] | None = None
 
 
 def _chunk_positions(vocab: int) -> int:
@@ -252,9 +255,12 @@ def _tally_of(z: torch.Tensor, ref: References, skipped: list, lengths: list, me
     cost: (executed, dense) layer FLOPs of its steps."""
     with_kl, with_margin = MEASURES[measure]
     t = Tally()
-    targets = next_token_targets(ref.labels)[0]  # (T,)
-    t.targets = int((ref.labels[:, 1:] != -100).sum())
-    t.positions = ref.labels.numel()
+    a, b = ref.span or (0, z.shape[1])
+    targets = next_token_targets(ref.labels)[0, a:b]  # (T',) the scored positions' targets
+    z = z[:, a:b]
+    back_top1, z_full, full_top1, margin = (x[:, a:b] for x in (ref.back_top1, ref.z_full, ref.full_top1, ref.margin))
+    t.targets = int((targets != -100).sum())
+    t.positions = b - a
     p, neg_entropy = ref.teacher
     c = chunk or _chunk_positions(z.shape[-1])
     c = -(-z.shape[1] // -(-z.shape[1] // c))  # slices of equal size (no 1-position tail to compile anew)
@@ -262,8 +268,8 @@ def _tally_of(z: torch.Tensor, ref: References, skipped: list, lengths: list, me
     metrics = fused(_chunk_metrics, z[0].numel(), dynamic=True)
     for s in range(0, z.shape[1], c):
         sl = slice(s, s + c)
-        m = metrics(z[0, sl], targets[sl], ref.back_top1[0, sl], p[0, sl] if with_kl else None,
-                    ref.z_full[0, sl] if with_margin else None, ref.full_top1[0, sl], ref.margin[0, sl])
+        m = metrics(z[0, sl], targets[sl], back_top1[0, sl], p[0, sl] if with_kl else None,
+                    z_full[0, sl] if with_margin else None, full_top1[0, sl], margin[0, sl])
         ce += m[0].item()
         t.agree += int(m[1])
         if not with_kl:  # the backbone's KL to itself is 0 exactly, and it has no margin check
@@ -304,10 +310,11 @@ class EvalContext:
     seen: dict = field(default_factory=dict)
     hidden: dict = field(default_factory=dict)
     reference: nn.Module | None = None  # whose logits the methods are compared with (None: the run's backbone)
+    positions: str = "all"  # which positions are scored: all, or labelled (those whose next token is labelled)
 
     @classmethod
     def of(cls, model: ReskipModel, data: Packed, window: int, chunk_size: int, seen=None, hidden=None,
-           reference: nn.Module | None = None) -> "EvalContext":
+           reference: nn.Module | None = None, positions: str = "all") -> "EvalContext":
         flops = LayerFlops.of(model.base_model.config)
         side = model.side_channel
         per_shortcut = shortcut_flops(side.hidden_size, side.shortcut_rank)
@@ -321,7 +328,7 @@ class EvalContext:
             return executed, dense * scale
 
         return cls(model, data, window, chunk_size, cost, output_head(model.base_model),
-                   {} if seen is None else seen, {} if hidden is None else hidden, reference)
+                   {} if seen is None else seen, {} if hidden is None else hidden, reference, positions)
 
     def references(self, rows: list[int]) -> dict[int, References]:
         """The group's reference logits, each model in one batched pass over the group's sequences. Their
@@ -344,8 +351,10 @@ class EvalContext:
         for b, i in enumerate(rows):
             zb, zf = z_back[b : b + 1], z_full[b : b + 1]
             top2 = zf.topk(2, dim=-1).values
-            out[i] = References(self.data.labels[i : i + 1].to(zb.device), zb, teacher_targets(zb), zb.argmax(-1), zf,
-                                zf.argmax(-1), top2[..., 0] - top2[..., 1])
+            span = labelled_span(self.data.labels[i]) if self.positions == "labelled" else None
+            teacher = teacher_targets(zb if span is None else zb[:, span[0] : span[1]])
+            out[i] = References(self.data.labels[i : i + 1].to(zb.device), zb, teacher, zb.argmax(-1), zf,
+                                zf.argmax(-1), top2[..., 0] - top2[..., 1], span)
         return out
 
     def tallies(self, method: Method, rows: list[int], refs: dict[int, References]) -> list[Tally]:
@@ -407,6 +416,15 @@ class EvalContext:
                 for b, i in enumerate(rows)]
 
 
+def labelled_span(labels: torch.Tensor) -> tuple[int, int]:
+    """[a, b): the positions of one sequence's labels (T,) (on the host) whose next token is labelled, refused unless
+    they are one contiguous span (a chat reply teacher-forced after its prompt, right-padded)."""
+    where = (next_token_targets(labels[None])[0] != -100).nonzero().flatten().tolist()
+    if not where or where[-1] - where[0] + 1 != len(where):
+        raise ReskipError("scoring labelled positions needs one contiguous labelled span per sequence")
+    return where[0], where[-1] + 1
+
+
 def _whole(skipped, lengths) -> tuple[float, float]:
     """The cost of the reference model itself: all of its compute."""
     return float(sum(lengths)), float(sum(lengths))
@@ -415,7 +433,8 @@ def _whole(skipped, lengths) -> tuple[float, float]:
 @torch.no_grad()
 def evaluate_methods(model: ReskipModel, data: Packed, methods: list[Method], window: int, chunk_size: int,
                      policy_file: PolicyFile | None = None, seed: int = 0, progress=None, group: int = 4,
-                     _context: EvalContext | None = None, reference: nn.Module | None = None) -> dict[str, dict]:
+                     _context: EvalContext | None = None, reference: nn.Module | None = None,
+                     positions: str = "all") -> dict[str, dict]:
     """Every method on every sequence of `data`, `group` sequences at a time (their references held
     together). A method that reads no signal has its decisions planned first (`policies.plan`) and the
     group's sequences scored in one batch and one pass (`scoring.score_planned_whole`); a sequence already
@@ -424,8 +443,9 @@ def evaluate_methods(model: ReskipModel, data: Packed, methods: list[Method], wi
     the routers' signal scores the group in one batch too, each row making its own decisions as it goes
     (`scoring.score_rows`; one sequence at a time for a policy that is not `pure`). With a `reference` model (the
     original a pruned backbone came from; the same tokenizer), the `backbone` row, KL, top-1 agreement and the
-    perplexity ratio are the reference's, and compute is a share of its layers."""
-    context = _context or EvalContext.of(model, data, window, chunk_size, reference=reference)
+    perplexity ratio are the reference's, and compute is a share of its layers. `positions="labelled"` scores only
+    the positions whose next token is labelled (one span per sequence: a chat reply after its prompt)."""
+    context = _context or EvalContext.of(model, data, window, chunk_size, reference=reference, positions=positions)
     expand = any(m.spec.kind == "matched" for m in methods)
     methods = [m for m in methods if m.spec.kind != "matched"]
     tallies = {m.name: Tally() for m in methods}

@@ -43,7 +43,7 @@ from ..backbones.dtypes import resolve_dtype_name
 from ..backbones.loading import load_backbone, load_config
 from ..baselines.pruning import BlockCosts, backbone_block_costs
 from ..baselines.arms import LoraArm
-from ..baselines.healing import HEAL_OBJECTIVES
+from ..baselines.healing import OBJECTIVES, parse_objective
 from ..baselines.train import train_lora
 from ..data.packing import pack
 from ..data.sources import load_splits
@@ -107,8 +107,8 @@ def run(options: ExperimentOptions, folder: Path, show=print) -> dict | None:
     if options.lrs is not None and not all(math.isfinite(lr) and lr > 0 for lr in options.lrs):
         raise ReskipError(f"--lrs: every learning rate must be a finite number > 0, got {options.lrs}")
     for h in options.heal:
-        if h not in HEAL_OBJECTIVES:
-            raise ReskipError(f"--heal: no objective {h!r}; the objectives: {', '.join(HEAL_OBJECTIVES)}")
+        if parse_objective(h).text != h:
+            raise ReskipError(f"--heal {h}: write it as {parse_objective(h).text}")
     table = {**sweep_methods(options.heal), **{v: RECIPE_VARIANTS[v] for v in _variants(options.variants)}}
     methods = tuple(table)
     chosen = _chosen_arms(options.arms, methods)
@@ -321,7 +321,9 @@ def _measure(pc: PipelineConfig, folder: Path, best: dict, costs: BlockCosts, va
         vm = {"test": vev["methods"], "kjv": vev["heldout"]["methods"]}
         rows.update({variant_row(v, key): _recipe_row(vm, key, v) for key in VARIANT_ROWS
                      if all(key in vm[s] for s in SPLITS)})
-    heal = sorted({m.objective for m in table.values() if m.drop}, key=HEAL_OBJECTIVES.index)
+    order = ("ce", "kd", "kd+ce", *OBJECTIVES)  # the table's columns: cross-entropy first, as they were measured
+    heal = sorted({m.objective for m in table.values() if m.drop},
+                  key=lambda h: (order.index(h.partition(":")[0]), h))
     return {"dtype": ev["meta"]["dtype"], "rows": rows, "intervals": intervals(rows, variants, heal),
             "fidelity_intervals": fidelity_intervals(rows, variants, heal),
             "at_spent_compute": {sp: at_spent_compute(methods[sp]) for sp in SPLITS}, "recipe_eval": ev["path"]}

@@ -1,13 +1,16 @@
 """`reskip compress`: a user's model -> a smaller plain Hugging Face model, healed toward the original.
 
 The stages, each kept in the output folder so that the same command resumes where a kill stopped it:
-1. the blocks: the model's own ablation cost A(n) per block of `block_size` layers on the data's calibration split
-   (`blocks.json`); the `drop` cheapest middle blocks (or the fewest that reach `keep_flops`) are removed;
-2. heal: a LoRA on the remaining layers trained by the one training loop toward the original (`objective`: kd by
+1. data: the conversations the original writes itself (`self`) or its replies to the user's prompts (`--prompts`),
+   when asked (`self-data/`, `prompt-data/`; `compress.healing_data`);
+2. the blocks: the model's own ablation cost A(n) per block of `block_size` layers on the text data's calibration
+   split (the conversations' without text) (`blocks.json`); the `drop` cheapest middle blocks (or the fewest that
+   reach `keep_flops`, or the `blocks` named) are removed;
+3. heal: a LoRA on the remaining layers trained by the one training loop toward the original (`objective`: kd by
    default, the measured best) on the data (`heal/`, a resumable run folder);
-3. export: the LoRA merged, the layers gone, a plain folder any engine loads (`model/`, with `reskip.json`);
-4. measure: fidelity to the original, perplexity, MMLU retained and speed, beside the original (`report.json`,
-   `report.md`, with the command that reproduces it).
+4. export: the LoRA merged, the layers gone, a plain folder any engine loads (`model/`, with `reskip.json`);
+5. measure: fidelity to the original on its own chat replies and on raw text, perplexity, MMLU where the original
+   is above chance, and speed, beside the original (`report.json`, `report.md`, with the command that reproduces it).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from ..backbones.dtypes import resolve_dtype_name
 from ..backbones.devices import resolve_device
 from ..backbones.loading import load_backbone, load_config
 from ..baselines.arms import LoraArm
+from ..baselines.healing import parse_objective
 from .export import RECORD, export_run
 from ..baselines.pruning import BlockCosts, backbone_block_costs
 from ..baselines.train import train_lora
@@ -38,6 +42,8 @@ from ..reading import read_json
 from ..run_folder.lock import writing
 from .options import PRESETS
 from ..train_config import TrainConfig
+from ..chat.prompt_sets import digest
+from ..compress import healing_data
 from ..compress.measure import measure
 from ..compress.options import CompressOptions
 from ..compress.report import html_page, markdown
@@ -49,47 +55,95 @@ SETTINGS, BLOCKS, HEAL, MODEL, REPORT_JSON, REPORT_MD, REPORT_HTML = (
 
 @dataclasses.dataclass
 class Plan:
-    """What the options resolve to before any weights load: the healing's TrainConfig, the blocks of the model,
-    the LoRA's parameter count and the folder's identity (what it trains)."""
+    """What the options resolve to before any weights load: the healing's TrainConfig (its data the text specs until
+    the conversations are written), the blocks of the model, the LoRA's parameter count, the folder's identity (what
+    it trains) and the user's prompts (None without --prompts)."""
 
     cfg: TrainConfig
     blocks: list[range]
     params: int
     identity: dict
+    prompts: list[str] | None = None
+
+
+def _check_blocks(o: CompressOptions, blocks: list[range]) -> None:
+    middle = len(blocks) - 2
+    if middle < 1:
+        raise ReskipError(f"the model's {sum(len(b) for b in blocks)} layers make {len(blocks)} blocks of "
+                          f"{o.block_size}: none between the first and the last to remove; use a smaller --block-size")
+    if o.drop is not None and o.drop > middle:
+        raise ReskipError(f"--drop {o.drop}: the model has {middle} middle blocks of {o.block_size} layers (the first "
+                          "and last are kept)")
+    if o.blocks is not None:
+        bad = [b for b in o.blocks if not 2 <= b <= len(blocks) - 1]
+        if bad or not o.blocks or len(set(o.blocks)) != len(o.blocks):
+            raise ReskipError(f"--blocks {' '.join(map(str, o.blocks))}: name distinct middle blocks, 2 to "
+                              f"{len(blocks) - 1} (the model has {len(blocks)} blocks of {o.block_size} layers)")
+
+
+def _check_chat(o: CompressOptions, prompts: list[str] | None) -> None:
+    """On-policy healing samples replies to the data's chat prompts: refuse it before any work when there are none."""
+    if not o.on_policy:
+        return
+    if not parse_objective(o.objective).needs_teacher:
+        raise ReskipError(f"--on-policy needs a teacher to score the samples: --objective {o.objective} has none")
+    if healing_data.self_conversations(list(o.data)) is None and prompts is None:
+        text = healing_data.text_specs(list(o.data))
+        splits, _ = load_splits(text)
+        if not any(d.messages is not None for d in splits["train"]):
+            raise ReskipError("--on-policy samples replies to chat prompts, and the data holds none: add self, "
+                              "--prompts FILE or chat JSONL to --data")
 
 
 def plan(o: CompressOptions) -> Plan:
     """Check every option against the model's config and the data (no weights load); one clear error otherwise."""
-    if o.drop is not None and o.keep_flops is not None:
-        raise ReskipError("--drop and --keep-flops both choose how much to remove: give one")
+    if sum(x is not None for x in (o.drop, o.keep_flops, o.blocks)) > 1:
+        raise ReskipError("--drop, --keep-flops and --blocks each choose what to remove: give one")
     resolve_device(o.device)
-    load_splits(list(o.data))  # data that give no documents fail here
+    loss = parse_objective(o.objective)
+    prompts = healing_data.check(list(o.data), o.prompts, o.chat_share)
+    _check_chat(o, prompts)
     for h in o.heldout:
         if h in o.data:
             raise ReskipError(f"--heldout {h} is part of --data: held-out text is text no stage saw")
         load_splits([h])
     config = load_config(o.model, o.trust_remote_code)
     blocks = retrofit_blocks(config.num_hidden_layers, o.block_size)
-    middle = len(blocks) - 2
-    if o.drop is not None and o.drop > middle:
-        raise ReskipError(f"--drop {o.drop}: the model has {middle} middle blocks of {o.block_size} layers (the first "
-                          "and last are kept)")
+    _check_blocks(o, blocks)
+    removed = (sorted(len(blocks[b - 1]) for b in o.blocks) if o.blocks is not None else None)
     most_kept = (int(o.keep_flops * config.num_hidden_layers) if o.keep_flops is not None
-                 else config.num_hidden_layers - (o.drop or 1) * min(len(b) for b in blocks))
+                 else config.num_hidden_layers - (sum(removed) if removed else
+                                                  (o.drop or 1) * min(len(b) for b in blocks)))
     if o.full_layers > most_kept:
         raise ReskipError(f"--full-layers {o.full_layers}: the compressed model keeps at most {most_kept} layers; "
                           "train fewer in full")
-    pc = PipelineConfig(model=o.model, data=list(o.data), preset=o.preset, dtype=o.dtype, device=o.device,
-                        trust_remote_code=o.trust_remote_code, overrides={"lr": o.lr, "seed": 0})
+    text = healing_data.text_specs(list(o.data))
+    overrides = {"lr": o.lr, "seed": 0, **({"steps": o.steps} if o.steps else {})}
+    pc = PipelineConfig(model=o.model, data=text or ["default"], preset=o.preset, dtype=o.dtype, device=o.device,
+                        trust_remote_code=o.trust_remote_code, overrides=overrides)
     cfg = pc.train_config()
     cfg.validate()
     params = o.params or count_params(config, cfg.retrofit_config()).new_params
     identity = {"model": o.model, "data": list(o.data), "block_size": o.block_size, "choose": o.choose, "drop": o.drop,
-                "keep_flops": o.keep_flops, "objective": o.objective, "preset": o.preset, "lr": o.lr,
+                "keep_flops": o.keep_flops, "objective": loss.text, "preset": o.preset, "lr": o.lr,
                 "params": params, "dtype": resolve_dtype_name(o.dtype, resolve_device(o.device)),
-                **({"full_layers": o.full_layers} if o.full_layers else {})}  # a folder made before it resumes
-    return Plan(cfg, blocks, params, identity)
+                **_changed(o, prompts)}
+    return Plan(cfg, blocks, params, identity, prompts)
 
+
+def _changed(o: CompressOptions, prompts: list[str] | None) -> dict:
+    """The identity's newer keys, where they differ from their defaults: a folder made before they existed resumes."""
+    chat = healing_data.self_conversations(list(o.data)) is not None or prompts is not None
+    out = {"full_layers": o.full_layers, "blocks": o.blocks, "steps": o.steps, "positions": o.positions,
+           "on_policy": o.on_policy, "prompts": digest(prompts) if prompts else None}
+    defaults = {"full_layers": 0, "blocks": None, "steps": None, "positions": "all", "on_policy": 0.0, "prompts": None}
+    out = {k: v for k, v in out.items() if v != defaults[k]}
+    if o.on_policy:
+        out["on_policy_tokens"] = o.on_policy_tokens
+    if chat:
+        out.update(reply=o.reply, data_seed=o.data_seed,
+                   **({"chat_share": o.chat_share} if healing_data.text_specs(list(o.data)) else {}))
+    return out
 
 def check_folder(out: Path, identity: dict) -> None:
     """The folder is compress's own: new, empty, or holding a compression of the same settings (resumed)."""
@@ -110,17 +164,19 @@ def check_folder(out: Path, identity: dict) -> None:
                           "or new folder")
 
 
-def block_costs(o: CompressOptions, p: Plan, out: Path, show) -> BlockCosts:
+def block_costs(o: CompressOptions, p: Plan, data_specs: list[str], out: Path, show) -> BlockCosts:
+    """The backbone's cost of removing each block, on the calibration split of `data_specs` (the text data, else the
+    conversations)."""
     path = out / BLOCKS
     if path.is_file():
         costs = BlockCosts.from_dict(read_json(path))
         if costs.kl is not None or o.choose != "kl":
             return costs
-    splits, _ = load_splits(list(o.data))
+    splits, _ = load_splits(data_specs)
     model, tok = load_backbone(o.model, p.cfg.dtype, o.trust_remote_code, o.device)
     n = PRESETS[o.preset]["calibrate"]["sequences"]
     data = pack(tok, splits["calib"], p.cfg.seq_len, n, seed=0)
-    show(f"[compress] 1/4 the ablation cost of each of the {len(p.blocks)} blocks on {len(data)} calibration sequences")
+    show(f"[compress] 2/5 the ablation cost of each of the {len(p.blocks)} blocks on {len(data)} calibration sequences")
     with Progress(len(data), "compress: block costs", unit="seq", enabled=not o.quiet) as bar:
         done = [0]
 
@@ -134,7 +190,10 @@ def block_costs(o: CompressOptions, p: Plan, out: Path, show) -> BlockCosts:
 
 
 def chosen_blocks(o: CompressOptions, costs: BlockCosts) -> list[int]:
-    """The `drop` cheapest middle blocks, or the fewest whose removal keeps at most `keep_flops` of the layers."""
+    """The `blocks` named, the `drop` cheapest middle blocks, or the fewest whose removal keeps at most `keep_flops`
+    of the layers."""
+    if o.blocks is not None:
+        return sorted(o.blocks)
     if o.keep_flops is None:
         return costs.cheapest(o.drop or 1, o.choose)
     n_layers = sum(len(b) for b in costs.blocks)
@@ -170,28 +229,36 @@ def compress(o: CompressOptions, show=print) -> Path:
     check_folder(out, p.identity)
     with writing(out):
         atomic_write_json(out / SETTINGS, {"identity": p.identity, "command": command_line(o)})
-        costs = block_costs(o, p, out, show)
+        if healing_data.self_conversations(list(o.data)) is not None or p.prompts is not None:
+            show("[compress] 1/5 data: the original writes the conversations it heals on")
+        data = healing_data.write_healing_data(o, p.cfg.dtype, out, p.prompts, show)
+        cfg = dataclasses.replace(p.cfg, data=data.specs, data_weights=data.weights)
+        text = healing_data.text_specs(list(o.data))
+        costs = block_costs(o, p, text or data.specs, out, show)
         blocks = chosen_blocks(o, costs)
         layers = sorted(costs.layers_of(blocks))
-        show(f"[compress] 2/4 heal: blocks {blocks} (layers {layers[0]}-{layers[-1]}) removed; a LoRA matched to "
-             f"{p.params:,} parameters trained by {o.objective} on {p.cfg.steps * p.cfg.batch_size * p.cfg.seq_len:,} tokens")
-        arm = LoraArm(params=p.params, drop_layers=layers, drop_blocks=blocks, objective=o.objective,
-                      full_layers=o.full_layers)
-        summary = train_lora(p.cfg, arm, out / HEAL, show_progress=not o.quiet)
+        show(f"[compress] 3/5 heal: blocks {blocks} (layers {layers[0]}-{layers[-1]}) removed; a LoRA matched to "
+             f"{p.params:,} parameters trained by {o.objective} on {cfg.steps * cfg.batch_size * cfg.seq_len:,} tokens"
+             + (f", {o.on_policy:g} of the steps on its own samples" if o.on_policy else ""))
+        arm = LoraArm(params=p.params, drop_layers=layers, drop_blocks=blocks, objective=parse_objective(o.objective).text,
+                      full_layers=o.full_layers, positions=o.positions, on_policy=o.on_policy,
+                      on_policy_tokens=o.on_policy_tokens)
+        summary = train_lora(cfg, arm, out / HEAL, show_progress=not o.quiet)
         if not (out / MODEL / RECORD).is_file():
-            show(f"[compress] 3/4 export: {out / MODEL}")
+            show(f"[compress] 4/5 export: {out / MODEL}")
             export_run(out / HEAL, out / MODEL, trust_remote_code=o.trust_remote_code)
-        show("[compress] 4/4 measure: the compressed model beside the original")
+        show("[compress] 5/5 measure: the compressed model beside the original")
         report = {"command": command_line(o), "settings": p.identity,
-                  "blocks": {**costs.to_dict(), "chosen_by": o.choose, "removed": blocks, "layers_removed": layers,
-                             "layers": sum(len(b) for b in costs.blocks)},
-                  "healing": {"objective": o.objective,
+                  "blocks": {**costs.to_dict(), "chosen_by": "named" if o.blocks else o.choose, "removed": blocks,
+                             "layers_removed": layers, "layers": sum(len(b) for b in costs.blocks)},
+                  "healing": {"objective": arm.objective, "positions": o.positions, "on_policy": o.on_policy,
+                              "data": list(o.data), "data_weights": data.weights, "written": data.written,
                               "parameters": summary["lora"]["parameters"] + summary["lora"].get("full_parameters", 0),
                               "full_layers": summary["lora"].get("full_layers", []),
                               "tokens": summary["tokens_seen"], "train_wall_s": summary["train_wall_s"],
                               "val_kl": summary.get("kl_full"), "val_ppl": summary["ppl_full"],
                               "val_ppl_original": summary["ppl_backbone"]},
-                  "measured": measure(o, out / MODEL, p.cfg.seq_len, show)}
+                  "measured": measure(o, out / MODEL, cfg.seq_len, text, show)}
         if not o.no_speed:
             report["speed"] = _speed(o, out / MODEL, show)
         atomic_write_json(out / REPORT_JSON, report)

@@ -211,7 +211,7 @@ def open_training(cfg: TrainConfig, run_dir: Path, resume: bool, show_progress: 
     if cfg.shard:
         shard_backbone(base, accelerator.device)
     train_data, val_data = prepare_data(cfg, tokenizer, splits)
-    trainee = recipe.build(base, cfg, val_data)
+    trainee = recipe.build(base, cfg, val_data, tokenizer=tokenizer, train_docs=splits["train"])
     optimizer = torch.optim.AdamW(trainee.parameter_groups(cfg), lr=cfg.lr, weight_decay=cfg.weight_decay)
     start, tokens_seen = 0, 0
     if resume:
@@ -288,6 +288,8 @@ def optimizer_step(run: TrainingRun, bar: Progress) -> dict:
     idx = [(step * cfg.batch_size + j) % len(run.train_data) for j in range(cfg.batch_size)]
     ids, labels = run.train_data.input_ids[idx], run.train_data.labels[idx]
     plan = trainee.plan(step, cfg, tuple(ids.shape))  # c(t), the drawn block, ...: pure functions of the step
+    if plan.batch is not None:  # the trainee's own batch this step (the student's samples)
+        ids, labels = plan.batch
     counts = Counts(max(1, int((labels[:, 1:] != -100).sum())), ids.numel(), world, cfg.grad_accum)  # on the host
     ids, labels = ids.to(acc.device), labels.to(acc.device)
     micro = cfg.batch_size // (world * cfg.grad_accum)

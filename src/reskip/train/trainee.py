@@ -36,10 +36,12 @@ from .validation import validation_metrics
 @dataclass
 class StepPlan:
     """What a trainee does at one step beside the batch: keyword arguments of its micro-batch call (tensors on the
-    host; `Trainee.micro` moves them) and the fields its step's record carries."""
+    host; `Trainee.micro` moves them), the fields its step's record carries, and a batch of its own instead of the
+    data's (ids, labels on the host; on-policy healing's samples), or None."""
 
     arguments: dict = field(default_factory=dict)
     record: dict = field(default_factory=dict)
+    batch: tuple | None = None
 
 
 class Trainee(Protocol):
@@ -90,7 +92,8 @@ class RetrofitRecipe:
     name = "retrofit"
     adds_side_channel = True  # its blocks and skip branch are checked against the backbone's config
 
-    def build(self, base: nn.Module, cfg: TrainConfig, val_data: Packed) -> "RetrofitTrainee":
+    def build(self, base: nn.Module, cfg: TrainConfig, val_data: Packed, tokenizer=None,
+              train_docs: list | None = None) -> "RetrofitTrainee":
         return RetrofitTrainee(retrofit(base, cfg.retrofit_config(), seed=cfg.seed), cfg)
 
     def config_text(self, cfg: TrainConfig) -> str:
