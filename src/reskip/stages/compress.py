@@ -158,7 +158,10 @@ def check_folder(out: Path, identity: dict) -> None:
             raise ReskipError(f"--out {out} holds a compression of other settings ({', '.join(diff)} differ): choose "
                               "another --out, or rerun with the settings it was made with to resume it")
         return
-    held = sorted(p.name for p in out.iterdir() if p.name != ".lock")  # the lock: a first try killed at once
+    # the lock: a first try killed at once; the conversations' folders check their own settings (`chat.self_data`),
+    # so the model's own conversations written once can be healed on again with other settings
+    own = {".lock", healing_data.SELF_FOLDER, healing_data.PROMPTS_FOLDER}
+    held = sorted(p.name for p in out.iterdir() if p.name not in own)
     if held:  # a folder compress writes holds compress.json from its first step on
         raise ReskipError(f"--out {out} holds files compress did not write ({', '.join(held[:5])}): choose an empty "
                           "or new folder")
