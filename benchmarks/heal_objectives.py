@@ -17,17 +17,17 @@ import json
 import time
 from pathlib import Path
 
+from reskip.ar_retrofit.accounting import count_params
+from reskip.backbones.loading import load_backbone, load_config
 from reskip.baselines.arms import LoraArm
 from reskip.baselines.pruning import backbone_block_costs, layer_distances
 from reskip.baselines.train import train_lora
-from reskip.ar_retrofit.accounting import count_params
-from reskip.backbones.loading import load_backbone, load_config
 from reskip.data.packing import pack
 from reskip.data.sources import load_splits
 from reskip.evaluate.options import EvalOptions
-from reskip.stages.evaluate import evaluate_run
 from reskip.pipeline import PRESETS, PipelineConfig
 from reskip.skip.spec import METHOD_KINDS, parse_specs
+from reskip.stages.evaluate import evaluate_run
 from reskip.stages.train import train_run
 from reskip.train_config import TrainConfig
 

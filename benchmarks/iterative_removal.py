@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from heal_objectives import score_arms
+
 from reskip.ar_retrofit.accounting import count_params
 from reskip.backbones.loading import load_backbone, load_config
 from reskip.baselines.arms import LoraArm, load_arm_model

@@ -38,19 +38,19 @@ import time
 
 import psutil
 import torch
+from transformers import AutoModelForCausalLM
 
 from reskip import load_backbone, retrofit
 from reskip.backbones.architectures import architecture_config
 from reskip.backbones.dtypes import resolve_dtype_name
+from reskip.calibrate.calibration import calibrate
 from reskip.data.packing import Packed
 from reskip.evaluate.methods import Method, evaluate_methods
-from reskip.calibrate.calibration import calibrate
 from reskip.skip.policies import NoSkip, StaticSkip
 from reskip.skip.spec import Spec
-from reskip.train_config import TrainConfig
 from reskip.train.objective import RetrofitObjective
 from reskip.train.validation import validation_metrics
-from transformers import AutoModelForCausalLM
+from reskip.train_config import TrainConfig
 
 
 def _release() -> None:

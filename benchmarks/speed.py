@@ -29,7 +29,7 @@ import sys
 import time
 
 import torch
-from transformers import DynamicCache
+from transformers import AutoModelForCausalLM, DynamicCache
 
 from reskip import RetrofitConfig, retrofit
 from reskip.backbones.architectures import architecture_config
@@ -39,11 +39,10 @@ from reskip.cli.common import Parser  # usage errors on one line, exit 2, as eve
 from reskip.compat import cache_kwarg
 from reskip.errors import ReskipError
 from reskip.evaluate.flops import LayerFlops, shortcut_flops, side_channel_flops
-from reskip.skip.policies import NoSkip, ReSkip, StaticSkip
-from reskip.skip.window import sliding_mean
 from reskip.skip.inference_run import open_run
+from reskip.skip.policies import NoSkip, ReSkip, StaticSkip
 from reskip.skip.spec import GRAMMAR, parse_spec
-from transformers import AutoModelForCausalLM
+from reskip.skip.window import sliding_mean
 
 
 @contextlib.contextmanager

@@ -29,18 +29,16 @@ import statistics
 import time
 
 import torch
-
 from transformers import AutoModelForCausalLM
 
 from reskip import load_backbone, retrofit
 from reskip.backbones.architectures import architecture_config
 from reskip.backbones.dtypes import resolve_dtype_name
-from reskip.evaluate.flops import LayerFlops
 from reskip.data.packing import pack
 from reskip.data.sources import load_splits
-from reskip.train_config import TrainConfig
+from reskip.evaluate.flops import LayerFlops
 from reskip.train.objective import RetrofitObjective
-
+from reskip.train_config import TrainConfig
 
 # bfloat16 dense peak, TFLOP/s, by the name CUDA reports (the MFU's denominator where --peak-tflops is not given)
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0}

@@ -7,7 +7,6 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
-
 import torch
 
 from helpers import FAMILIES, save_tiny, write_corpus

@@ -110,12 +110,13 @@ def write_corpus(folder, n_docs: int = 120, seed: int = 0):
     return folder
 
 
-def tiny_trained_run(tmp, calibrate: list[str] | None = None):
+def tiny_trained_run(tmp, calibrate: list[str] | None = None, chat: bool = False):
     """A tiny llama trained 2 steps on a random-word corpus in tmp/run (and calibrated with `calibrate`'s
-    extra flags when given): the run folder a command under test reads, in a few seconds."""
+    extra flags when given): the run folder a command under test reads, in a few seconds. `chat`: its tokenizer has
+    the tiny chat template."""
     from reskip.cli import main
 
-    model_dir = save_tiny(tmp / "model", "llama")
+    model_dir = save_tiny(tmp / "model", "llama", chat=chat)
     data_dir = write_corpus(tmp / "corpus", n_docs=300)
     run = tmp / "run"
     assert main(["train", "--model", str(model_dir), "--data", str(data_dir), "--seq-len", "16", "--steps", "2",

@@ -5,10 +5,10 @@ import json
 import pytest
 
 from reskip.ar_retrofit.accounting import count_params
-from reskip.backbones.architectures import architecture_config, shipped_architectures
-from reskip.cli import main
 from reskip.ar_retrofit.config import RetrofitConfig
 from reskip.ar_retrofit.side_channel import count_side_channel_params
+from reskip.backbones.architectures import architecture_config, shipped_architectures
+from reskip.cli import main
 
 SHIPPED = ["Qwen3-0.6B", "Qwen3-1.7B", "Qwen3-4B", "Qwen3-8B", "Llama-3.2-1B", "Llama-3.2-3B",
            "Llama-3.1-8B", "SmolLM2-135M", "SmolLM2-360M", "SmolLM2-1.7B"]

@@ -212,10 +212,21 @@ def test_importing_reskip_changes_nothing_in_the_process():
 
 def test_public_names_of_the_readme_resolve():
     import reskip
-    from reskip import (AdapterError, ModelNotFoundError, ReskipError, ReskipModel, ReskipOutput, RetrofitConfig,
-                        UnsupportedModelError, alpha_entropy, load_adapter, load_backbone, retrofit, save_adapter)
-
     import reskip.ar_retrofit.model  # noqa: F401 - importing the subpackage must not shadow the function
+    from reskip import (
+        AdapterError,
+        ModelNotFoundError,
+        ReskipError,
+        ReskipModel,
+        ReskipOutput,
+        RetrofitConfig,
+        UnsupportedModelError,
+        alpha_entropy,
+        load_adapter,
+        load_backbone,
+        retrofit,
+        save_adapter,
+    )
     assert callable(reskip.retrofit) and reskip.retrofit is retrofit
     assert all(callable(x) for x in (load_adapter, load_backbone, save_adapter, alpha_entropy))
     assert issubclass(AdapterError, ReskipError) and issubclass(ModelNotFoundError, ReskipError)
@@ -226,7 +237,16 @@ def test_public_names_of_the_readme_resolve():
 
 def test_the_front_door_holds_the_reskip_half_and_loads_lazily():
     assert _fresh("import sys, reskip; print('torch' in sys.modules)") == "False"
-    from reskip import CalibrateOptions, EvalOptions, calibrate_run, evaluate_run, generate_text, open_run, parse_spec, score
+    from reskip import (
+        CalibrateOptions,
+        EvalOptions,
+        calibrate_run,
+        evaluate_run,
+        generate_text,
+        open_run,
+        parse_spec,
+        score,
+    )
 
     assert all(callable(f) for f in (calibrate_run, evaluate_run, generate_text, open_run, parse_spec, score))
     assert parse_spec("reskip:budget=1").kind == "reskip" and CalibrateOptions() and EvalOptions()

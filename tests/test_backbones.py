@@ -5,8 +5,8 @@ import torch
 
 from helpers import has_package
 from reskip import RetrofitConfig, retrofit
-from reskip.backbones.loading import PACKAGED, load_backbone, sha256_file
 from reskip.ar_retrofit.parity import check_parity, tokenize_batch
+from reskip.backbones.loading import PACKAGED, load_backbone, sha256_file
 
 
 @pytest.mark.real

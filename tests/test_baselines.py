@@ -15,12 +15,12 @@ from helpers import FAMILIES, save_tiny, tiny_model, tiny_train_config, write_co
 from reskip import compat
 from reskip.ar_retrofit.config import RetrofitConfig
 from reskip.ar_retrofit.model import retrofit
-from reskip.baselines.lora import add_lora, trainable_parameters
-from reskip.lora_ranks import lora_parameters, matched_lora_config, matched_ranks
-from reskip.baselines.pruning import prune
 from reskip.baselines.arms import LoraArm, load_arm_model
+from reskip.baselines.lora import add_lora, trainable_parameters
+from reskip.baselines.pruning import prune
 from reskip.baselines.train import train_lora
 from reskip.cli import main
+from reskip.lora_ranks import lora_parameters, matched_lora_config, matched_ranks
 from reskip.train_config import TrainConfig
 
 SMOLLM2_RANK_COST = 10_176  # one rank on q, k, v, o, gate, up, down of a SmolLM2 layer: sum of (in + out)
@@ -269,9 +269,7 @@ def test_the_chunked_head_ce_is_ce_of_the_logits_with_its_gradient(family):
 
 def test_the_variants_a_run_includes():
     from reskip.errors import ReskipError
-    from reskip.experiments.baselines import _variants
-
-    from reskip.experiments.baselines import arm_name
+    from reskip.experiments.baselines import _variants, arm_name
 
     assert arm_name("lora", 0.002) == "lora@0.002" and arm_name("lora", 0.0020000001) != arm_name("lora", 0.002)
     assert _variants(None) == () and _variants([]) == ("side+lora", "full-teacher", "backbone-teacher")

@@ -199,3 +199,24 @@ def test_reply_kl_is_the_kl_on_the_reply_positions(chat_model, tmp_path, monkeyp
     b = rows["backbone"]
     assert b["kl"]["mean"] == 0 and b["top1"]["mean"] == 1 and b["identical"]["mean"] == 1
     assert b["new_loop"]["mean"] == 0 and math.isfinite(rows["pruned"]["prefix"]["mean"])
+
+
+@pytest.mark.integration
+def test_eval_reads_every_methods_chat_replies(tmp_path, monkeypatch):
+    """`reskip eval --chat N`: every method's row, a skip policy's and a model of its own alike, with the backbone's
+    own row exact."""
+    from helpers import tiny_trained_run
+    from reskip.cli import main
+
+    monkeypatch.setenv("RESKIP_CACHE", str(tmp_path / "cache"))
+    run = tiny_trained_run(tmp_path, calibrate=[], chat=True)
+    assert main(["eval", str(run), "--methods", "backbone", "retrofit", "static:1", "pruned:1", "--chat", "5",
+                 "--sequences", "2", "--benchmarks", "none", "--quiet", "--out", str(tmp_path / "ev")]) == 0
+    results = json.loads((tmp_path / "ev" / "results.json").read_text())
+    chat = results["chat"]
+    assert chat["prompts"] == 5 and chat["dtype"] == "float32" and set(chat["methods"]) == {
+        "backbone", "retrofit", "static:1", "pruned:1"}
+    b = chat["methods"]["backbone"]
+    assert b["kl"]["mean"] == 0 and b["top1"]["mean"] == 1 and b["identical"]["mean"] == 1
+    assert chat["methods"]["static:1"]["kl"]["mean"] > 0 and chat["methods"]["pruned:1"]["kl"]["mean"] > 0
+    assert "Chat fidelity: 5 held-out chat prompts" in (tmp_path / "ev" / "results.md").read_text()

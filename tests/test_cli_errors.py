@@ -288,9 +288,9 @@ def test_benchmarks_none_means_no_multiple_choice():
 def test_an_options_file_gives_values_by_name_and_flags_override_it(tmp_path):
     """`--config` of a stage: values by field name, converted as flags are, a flag given on the line winning;
     an unknown name or a value of the wrong type is one error naming the file and the field."""
+    from reskip.calibrate.options import CalibrateOptions
     from reskip.cli.options import options_from_args
     from reskip.cli.skip import CALIBRATE_CONVERTERS
-    from reskip.calibrate.options import CalibrateOptions
 
     parser = build_parser()
     good = tmp_path / "calib.yaml"
@@ -365,10 +365,10 @@ def test_written_files_follow_the_umask(tmp_path):
     0600 / 0700 of their temporaries, so a run can be read by whom the user's umask allows."""
     import os
 
-    from reskip.io_atomic import atomic_folder, atomic_write_json
-
-    from safetensors.torch import save_file
     import torch
+    from safetensors.torch import save_file
+
+    from reskip.io_atomic import atomic_folder, atomic_write_json
 
     def library_writes(tmp):  # safetensors writes 0600 whatever the umask; a library may make a 0700 folder
         (tmp / "w").write_text("w")
@@ -450,8 +450,8 @@ def test_the_run_lock_never_writes_through_a_link(tmp_path):
 def test_a_config_file_reads_as_the_flags_do(tmp_path):
     """Values from `--config` go through the flags' own conversion: a method list holding a list is refused, and an
     experiment's `overrides:` from the file stays under the training flags given on the line (merged key by key)."""
-    from reskip.cli.experiment import experiment_options
     from reskip.cli.evaluate import EVAL_CONVERTERS
+    from reskip.cli.experiment import experiment_options
     from reskip.cli.options import options_from_args
     from reskip.evaluate.options import EvalOptions
 

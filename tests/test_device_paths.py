@@ -112,11 +112,11 @@ def test_the_training_loops_on_the_device(tmp_path, monkeypatch):
     """The side-channel's training (its steps, validations, checkpoints and resume) and a LoRA baseline's."""
     import reskip.baselines.lora_trainee as lora_trainee
     import reskip.train.loop as loop
-    from reskip.stages.train import train_run
     import reskip.train.trainee as trainee
     from helpers import save_tiny, write_corpus
     from reskip.baselines.arms import LoraArm
     from reskip.baselines.train import train_lora
+    from reskip.stages.train import train_run
     from reskip.train_config import TrainConfig
 
     sim = SimulatedDevice()

@@ -10,8 +10,7 @@ import torch
 import yaml
 
 from helpers import batch, tiny_model
-from reskip import ReskipError, RetrofitConfig, retrofit
-from reskip import fusion
+from reskip import ReskipError, RetrofitConfig, fusion, retrofit
 from reskip.ar_retrofit.adapter_io import WEIGHTS_NAME
 from reskip.ar_retrofit.kv_cache import reference_logits
 from reskip.backbones import dtypes
@@ -19,9 +18,9 @@ from reskip.losses import chunk_terms
 from reskip.progress import Progress
 from reskip.skip.policies import NoSkip, RandomSkip
 from reskip.skip.scoring import generate
-from reskip.train_config import TrainConfig
 from reskip.stages.train import train_run
 from reskip.train.objective import RetrofitObjective
+from reskip.train_config import TrainConfig
 
 
 def _hardware(monkeypatch, cuda: bool = False, cuda_bf16: bool = False, **cpu):

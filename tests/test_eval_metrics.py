@@ -10,7 +10,7 @@ from helpers import VOCAB, batch, tiny_model
 from reskip import RetrofitConfig, retrofit
 from reskip.compat import output_head
 from reskip.data.packing import Packed
-from reskip.evaluate.methods import Method, References, EvalContext, Tally, _tally_of, evaluate_methods
+from reskip.evaluate.methods import EvalContext, Method, References, Tally, _tally_of, evaluate_methods
 from reskip.losses import ce_sum, head_logits, kl_sum, teacher_targets
 from reskip.skip.policies import StaticSkip
 from reskip.skip.spec import Spec

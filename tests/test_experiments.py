@@ -205,8 +205,8 @@ def test_every_experiment_is_one_module_behind_one_table():
 
 
 def test_arms_get_ten_validations_unless_told():
-    from reskip.experiments.options import ExperimentOptions
     from reskip.experiments.arm_set import base_config as _base
+    from reskip.experiments.options import ExperimentOptions
 
     assert _base(ExperimentOptions(preset="quick"), check=False).eval_every == 3  # 30 steps
     assert _base(ExperimentOptions(preset="standard"), check=False).eval_every == 10  # 100 steps

@@ -7,11 +7,11 @@ import torch
 from safetensors import safe_open
 
 from helpers import batch, tiny_model
-from reskip.reading import read_json
 from reskip import RetrofitConfig, retrofit
-from reskip.ar_retrofit.model import load_adapter
 from reskip.ar_retrofit.accounting import count_params
+from reskip.ar_retrofit.model import load_adapter
 from reskip.errors import RetrofitConfigError
+from reskip.reading import read_json
 from reskip.stages.train import train_run
 
 

@@ -10,8 +10,7 @@ import torch.nn.functional as F
 
 from helpers import tiny_model
 from reskip import compat
-from reskip.baselines.iterative import (backbone_states, candidate_units, iterative_removal, removal_kl,
-                                       removed_layers)
+from reskip.baselines.iterative import backbone_states, candidate_units, iterative_removal, removal_kl, removed_layers
 from reskip.baselines.lora import add_lora
 from reskip.baselines.pruning import BlockCosts, prune
 from reskip.data.packing import Packed

@@ -84,6 +84,7 @@ def test_a_nested_arm_opens_at_a_depth_as_the_student_trained_there(nested_run):
         with torch.no_grad():
             at_depth[k] = model(input_ids=ids, use_cache=False).logits
     from peft import PeftModel
+
     from reskip.backbones.loading import load_backbone
 
     base, _ = load_backbone(str(tmp / "model"), "float32", device="cpu")

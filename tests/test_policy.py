@@ -8,11 +8,11 @@ import torch
 from helpers import tiny_model, tiny_trained_run
 from reskip import RetrofitConfig, retrofit
 from reskip.calibrate.calibration import calibrate
-from reskip.skip.window import sliding_mean
 from reskip.cli import main
-from reskip.skip.policy_file import PolicyError, PolicyFile, make_policy
 from reskip.skip.policies import NoSkip, RandomSkip, ReSkip, StaticSkip
+from reskip.skip.policy_file import PolicyError, PolicyFile, make_policy
 from reskip.skip.spec import SpecError, parse_spec
+from reskip.skip.window import sliding_mean
 
 
 def test_sliding_mean_is_the_causal_window_mean():

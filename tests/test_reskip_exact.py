@@ -6,10 +6,10 @@ from transformers import DynamicCache
 
 from helpers import VOCAB, batch, tiny_model
 from reskip import RetrofitConfig, retrofit
-from reskip.compat import cache_kwarg
 from reskip.ar_retrofit.kv_cache import append_kv, reference_logits
-from reskip.skip.scoring import generate, score, score_planned, score_planned_whole, score_rows
+from reskip.compat import cache_kwarg
 from reskip.skip.policies import NoSkip, PlannedSkip, RandomSkip, ReSkip, SkipPolicy, StaticSkip
+from reskip.skip.scoring import generate, score, score_planned, score_planned_whole, score_rows
 
 EXACT_FAMILIES = ["llama", "qwen3", "gemma3", "qwen2", "mistral"]
 

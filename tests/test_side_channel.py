@@ -7,8 +7,14 @@ import torch
 
 from helpers import batch, tiny_model
 from reskip import RetrofitConfig, alpha_entropy, retrofit
-from reskip.ar_retrofit.side_channel import (MixStates, SideChannel, count_side_channel_params, mix, score_root,
-                                             source_scores)
+from reskip.ar_retrofit.side_channel import (
+    MixStates,
+    SideChannel,
+    count_side_channel_params,
+    mix,
+    score_root,
+    source_scores,
+)
 
 
 def test_param_count_matches_closed_form():

@@ -11,9 +11,9 @@ skipped layers, which uses these answers, lives in `reskip.ar_retrofit.kv_cache`
 from __future__ import annotations
 
 import inspect
+import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
-import sys
 
 import torch
 import transformers

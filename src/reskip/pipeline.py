@@ -15,32 +15,32 @@ from pathlib import Path
 
 from .backbones.devices import device_name
 from .backbones.dtypes import describe, resolve_dtype_name
-from .stages.parity import parity_run
+from .calibrate.options import CalibrateOptions
+from .config_fields import check_fields
 from .data.sources import load_splits
-from .reading import is_finite_number, read_json
-from .memory import peak_rss_gib
-from .stages.diagnose import diagnose_run
-from .stages.report import report_run
-from .report.options import DiagnoseOptions
 from .errors import ReskipError
 from .evaluate.options import EvalOptions
-from .stages.evaluate import evaluate_run, margin_violations
 from .evaluate.tables import markdown
 from .io_atomic import atomic_write_json
-from .calibrate.options import CalibrateOptions
+from .memory import peak_rss_gib
+from .reading import is_finite_number, read_json
+from .report.options import DiagnoseOptions
+from .run_folder import RunFolder
+from .run_folder.lock import writing
+from .run_folder.versions import read_run_file, stamped
+from .skip.policy_file import PolicyFile
 from .skip.spec import METHOD_KINDS, parse_specs
 from .stages.calibrate import calibrate_run, format_policy
-from .skip.policy_file import PolicyFile
-from .train.checkpoint import latest_checkpoint
-from .train_config import TrainConfig
-from .train.log import format_summary
-from .stages.train import train_run
-from .train.loop import check_against_backbone
-from .run_folder.lock import writing
-from .run_folder import RunFolder
-from .run_folder.versions import read_run_file, stamped
-from .config_fields import check_fields
+from .stages.diagnose import diagnose_run
+from .stages.evaluate import evaluate_run, margin_violations
 from .stages.options import PRESETS, ParityOptions, RunOptions
+from .stages.parity import parity_run
+from .stages.report import report_run
+from .stages.train import train_run
+from .train.checkpoint import latest_checkpoint
+from .train.log import format_summary
+from .train.loop import check_against_backbone
+from .train_config import TrainConfig
 
 HELDOUT = ("kjv",)  # `reskip.data.heldout`: a source no stage trains or calibrates on
 MC_METHODS = ("backbone", "retrofit", "reskip:budget=1")

@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import typing
 import re
+import typing
 from dataclasses import dataclass
 
 import yaml
 
-from .errors import ReskipError
-from .reading import read_yaml
 from .ar_retrofit.config import RetrofitConfig, check_rank, reject_unknown_keys
 from .config_fields import described
 from .device_names import DEVICE_HELP, DEVICE_PATTERN
+from .errors import ReskipError
+from .reading import read_yaml
+
 
 class _Yaml12Loader(yaml.SafeLoader):
     """PyYAML's safe loader, reading numbers as YAML 1.2 and JSON do: in YAML 1.1 a float needs a dot, so

@@ -24,8 +24,8 @@ from typing import Callable
 
 import torch
 
-from ..backbones.devices import model_device
 from ..ar_retrofit.model import ReskipModel
+from ..backbones.devices import model_device
 from ..data.packing import Packed
 from ..losses import ce_tokens
 from ..skip.window import sliding_mean

@@ -28,13 +28,13 @@ from typing import Callable
 
 import torch
 
+from ..ar_retrofit.model import ReskipModel
 from ..backbones.devices import model_device
 from ..data.packing import Packed
-from ..ar_retrofit.model import ReskipModel
 from ..losses import ce_tokens
 from ..skip.window import sliding_mean
-from .statistics import bootstrap_difference, verdict
 from .cost_probe import Probe, block_costs, probe_features
+from .statistics import bootstrap_difference, verdict
 
 CHOOSERS = ("signal", "reverse", "random", "position", "oracle")  # "probe" joins them when probes are given
 CAPTURING = ("signal", "probe", "position")  # the choosers whose share of the oracle's headroom is reported

@@ -13,6 +13,7 @@ from .blocks import inclusive_ranges, retrofit_blocks
 from .config import RetrofitConfig, check_rank
 from .side_channel import SideChannel
 
+
 @dataclass
 class ParamReport:
     backbone: str

@@ -30,6 +30,7 @@ def _lora_layer_class():
 def inject(base_model: nn.Module, params: int) -> dict:
     """Put a fresh LoRA of about `params` parameters into `base_model`'s decoder layers (in place); its accounting."""
     from peft import inject_adapter_in_model  # lazy: PEFT only for a retrofit that asks for an inner LoRA
+
     from ..lora_ranks import matched_lora_config  # lazy: as above (it builds PEFT's LoraConfig)
 
     config, accounting = matched_lora_config(base_model, params)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import ReskipError
 from ..device_names import DEVICE_PATTERN
+from ..errors import ReskipError
 
 
 def resolve_device(name: str | torch.device | None = "auto") -> torch.device:

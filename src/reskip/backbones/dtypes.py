@@ -13,6 +13,7 @@ import torch
 
 from ..errors import ReskipError
 from ..stages.options import DTYPE_NAMES
+
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 

@@ -21,23 +21,23 @@ from torch import nn
 
 from .. import compat
 from ..backbones.devices import model_device
-from .arm_files import write_trained_on
-from .arms import LoraArm, arm_config_text, read_arm
-from .full_layers import layers_next_to_cut, train_in_float32
-from .healing import HealingObjective
-from .on_policy import PromptPool, on_policy_step, prompt_pool, sampled_batch
-from .lora import add_lora, trainable_parameters
-from .pruning import prune_keeping
 from ..data.packing import Packed
 from ..errors import ReskipError
 from ..io_atomic import atomic_folder
 from ..lora_ranks import matched_lora_config
 from ..losses import ce_tokens, head_logits, kl_sum, teacher_targets
 from ..progress import Progress
-from ..train_config import TrainConfig
 from ..train.log import read_log, records
 from ..train.schedules import nested_depth
 from ..train.trainee import Counts, StepPlan
+from ..train_config import TrainConfig
+from .arm_files import write_trained_on
+from .arms import LoraArm, arm_config_text, read_arm
+from .full_layers import layers_next_to_cut, train_in_float32
+from .healing import HealingObjective
+from .lora import add_lora, trainable_parameters
+from .on_policy import PromptPool, on_policy_step, prompt_pool, sampled_batch
+from .pruning import prune_keeping
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 

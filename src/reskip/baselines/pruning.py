@@ -20,10 +20,9 @@ from ..ar_retrofit.blocks import retrofit_blocks
 from ..ar_retrofit.config import RetrofitConfig
 from ..ar_retrofit.model import retrofit
 from ..backbones.devices import model_device
+from ..calibrate.calibration import measure_blocks
 from ..data.packing import Packed
 from ..errors import ReskipError
-from ..calibrate.calibration import measure_blocks
-
 
 RANKINGS = ("ppl", "kl", "influence")  # how the cheapest blocks are chosen (`BlockCosts.cheapest`)
 

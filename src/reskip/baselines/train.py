@@ -12,8 +12,8 @@ from ..backbones.dtypes import resolve_dtype_name
 from ..errors import ReskipError
 from ..reading import read_json
 from ..run_folder import RunFolder
-from ..train.checkpoint import latest_checkpoint
 from ..stages.train import train_run
+from ..train.checkpoint import latest_checkpoint
 from ..train_config import TrainConfig
 from .arms import LoraArm
 from .lora_trainee import LoraRecipe

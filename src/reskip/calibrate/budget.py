@@ -31,14 +31,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..ar_retrofit.model import ReskipModel
 from ..backbones.devices import model_device
 from ..data.packing import Packed
 from ..losses import ce_sum, kl_sum, teacher_targets
-from ..ar_retrofit.model import ReskipModel
-from ..skip.window import sliding_mean
-from ..skip.policy_file import policy_of_allocation
 from ..skip.policies import plan
+from ..skip.policy_file import policy_of_allocation
 from ..skip.scoring import score_planned_whole, score_rows
+from ..skip.window import sliding_mean
 
 LEVELS = (0.25, 0.5, 0.75, 1.0)
 ALWAYS = 1.0 - 1e-9  # a share at or above this: the block is skipped at every step (tau null)

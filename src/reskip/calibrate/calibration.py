@@ -18,14 +18,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..backbones.devices import model_device
-from ..data.packing import Packed
-from ..losses import ce_sum, kl_sum, teacher_targets
+from ..analysis.signal_health import signal_health
 from ..ar_retrofit.adapter_io import fingerprint
 from ..ar_retrofit.blocks import inclusive_ranges
 from ..ar_retrofit.model import ReskipModel
+from ..backbones.devices import model_device
+from ..data.packing import Packed
+from ..losses import ce_sum, kl_sum, teacher_targets
 from ..skip.policy_file import FORMAT_VERSION, PolicyFile, forward_config, side_channel_digest
-from ..analysis.signal_health import signal_health
 from ..skip.window import sliding_mean
 
 GRID = 101  # w_recent quantiles stored per block: 0%, 1%, ..., 100%

@@ -24,10 +24,9 @@ def parity_options(args) -> ParityOptions:
 
 
 def cmd_parity(args) -> int:
+    from ..backbones.dtypes import describe  # lazy: torch
     from ..backbones.loading import DEFAULT_BACKBONE  # lazy: torch
     from ..stages.parity import parity_of  # lazy: torch
-
-    from ..backbones.dtypes import describe  # lazy: torch
 
     o = parity_options(args)
     r, _ = parity_of(o.model, args.dtype, o.retrofit, o.trust_remote_code, o.device)

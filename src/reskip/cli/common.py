@@ -7,12 +7,12 @@ Nothing here imports torch: `reskip --help` and `reskip report` must stay light.
 from __future__ import annotations
 
 import argparse
-import typing
 import dataclasses
+import typing
 
-from ..errors import ReskipError
 from ..ar_retrofit.config import RetrofitConfig
 from ..config_fields import flag_of, help_of
+from ..errors import ReskipError
 from ..stages.options import DTYPE_HELP, DTYPE_NAMES
 from ..train_config import RECIPE_RETROFIT, TrainConfig
 

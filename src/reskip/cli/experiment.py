@@ -5,7 +5,7 @@ The flags become one ExperimentOptions; the experiment's library code is importe
 from __future__ import annotations
 
 from ..experiments.options import EXPERIMENTS, ExperimentOptions
-from .common import TRAINING_FLAGS, training_flags, training_values, examples, retrofit_flags, retrofit_values
+from .common import TRAINING_FLAGS, examples, retrofit_flags, retrofit_values, training_flags, training_values
 from .options import add_option_flags, options_from_args
 
 OWN_FLAGS = ("name", "overrides", "boundaries")  # the positional name; the training and retrofit flags set the rest

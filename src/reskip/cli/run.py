@@ -7,12 +7,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ..stages.options import RunOptions
-from .options import add_option_flags, options_from_args
-from .common import examples, training_flags, training_values, retrofit_flags, retrofit_values
 from ..reading import read_json
-from ..train.log import format_summary
 from ..run_folder import RunFolder
+from ..stages.options import RunOptions
+from ..train.log import format_summary
+from .common import examples, retrofit_flags, retrofit_values, training_flags, training_values
+from .options import add_option_flags, options_from_args
 
 
 def run_overrides(args) -> dict:

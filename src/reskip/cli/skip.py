@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import ReskipError
 from ..calibrate.options import CalibrateOptions
+from ..errors import ReskipError
 from ..skip.generate_options import GenerateOptions
 from ..skip.spec import parse_spec
 from .common import adapter_flag, examples
@@ -17,8 +17,8 @@ CALIBRATE_CONVERTERS = {"budgets": lambda values: parse_budgets(values)}
 
 
 def cmd_calibrate(args) -> int:
-    from ..stages.calibrate import calibrate_run, format_policy  # lazy: torch
     from ..skip.policy_file import PolicyFile  # lazy: torch
+    from ..stages.calibrate import calibrate_run, format_policy  # lazy: torch
 
     path = calibrate_run(args.adapter, options_from_args(CalibrateOptions, args, CALIBRATE_CONVERTERS))
     print(format_policy(PolicyFile.load(path)))
@@ -59,8 +59,8 @@ def cmd_generate(args) -> int:
         raise ReskipError(f"--depth serves a trained arm at a depth; {args.adapter} is not an arm (a nested arm of "
                           "`reskip experiment nested` serves depths 0 to K)")
     spec = parse_spec(o.policy, allow_path=True)
-    from ..skip.scoring import generate_text  # lazy: torch
     from ..skip.inference_run import open_run  # lazy: torch
+    from ..skip.scoring import generate_text  # lazy: torch
 
     opened = open_run(args.adapter, [spec], model=o.model, dtype=o.dtype, device=o.device, window=o.window, seed=o.seed,
                       trust_remote_code=o.trust_remote_code, dense_fallback=True)

@@ -12,14 +12,15 @@ from pathlib import Path
 
 import yaml
 
+from ..config_fields import flag_of
 from ..errors import ReskipError
 from ..reading import read_json
 from ..run_folder import RunFolder
-from ..train_config import TrainConfig, load_yaml
 from ..train.log import format_summary
-from ..config_fields import flag_of
+from ..train_config import TrainConfig, load_yaml
 from .common import examples, retrofit_flags, retrofit_values
 from .options import add_option_flags, given_values
+
 
 def yaml_value(flag: str):
     """A flag's text read as one YAML value (`--lr 1e-3`, `--skip-blocks [3,4]`, `--data-weights {code: 1}`);

@@ -7,9 +7,8 @@ compressed folder one `export:DIR` method scored against it."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import math
+from pathlib import Path
 
 from ..chat.prompt_sets import prompt_set
 from ..chat.template import has_chat_template

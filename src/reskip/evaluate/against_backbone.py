@@ -12,11 +12,11 @@ from ..ar_retrofit.model import ReskipModel, retrofit
 from ..backbones.devices import device_name, model_device
 from ..backbones.dtypes import resolve_dtype_name
 from ..backbones.loading import load_backbone
-from ..data.packing import pack
-from ..data.sources import load_splits
 from ..chat.prompt_sets import PromptSet
 from ..chat.sampling import Sampling, write_all
 from ..chat.template import end_of_turn_ids
+from ..data.packing import pack
+from ..data.sources import load_splits
 from ..skip.spec import Spec
 from .chat_fidelity import BATCH, REPLY_TOKENS, chat_rows, chat_summary, original_replies
 from .methods import Method, evaluate_methods, open_scorers

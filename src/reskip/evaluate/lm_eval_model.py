@@ -23,15 +23,16 @@ import torch
 from lm_eval.__main__ import cli_evaluate
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM  # imports the harness's model table first: a registry
+
 # that is not empty is never filled with the harness's own models, so ours must come after them
 from peft import PeftModel
 
 from ..baselines.arms import arm_layers, load_arm_model, read_arm
-from ..stages.options import DTYPE_NAMES
 from ..device_names import DEVICE_PATTERN
 from ..errors import ReskipError
 from ..skip.inference_run import open_run
 from ..skip.spec import parse_spec
+from ..stages.options import DTYPE_NAMES
 
 
 def _whole(name: str, value, low: int) -> int | None:

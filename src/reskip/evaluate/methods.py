@@ -22,13 +22,13 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from ..ar_retrofit.model import ReskipModel
 from ..backbones.devices import model_device
+from ..compat import decoder_body, decoder_layers, output_head
 from ..data.packing import Packed
 from ..errors import ReskipError
 from ..fusion import fused
-from ..compat import decoder_body, decoder_layers, output_head
 from ..losses import head_logits, next_token_targets, teacher_targets
-from ..ar_retrofit.model import ReskipModel
 from ..skip.policies import NoSkip, SkipPolicy, plan
 from ..skip.policy_file import PolicyFile, make_policy
 from ..skip.scoring import score, score_planned_whole, score_rows

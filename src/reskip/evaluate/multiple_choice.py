@@ -13,21 +13,20 @@ a skip policy. Chance level is reported beside every score.
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-
 import importlib.util
 import json
 import random
 import tarfile
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from ..ar_retrofit.model import ReskipModel
 from ..cache import cache_root, sha256_file
 from ..errors import ReskipError
 from ..io_atomic import atomic_write_json
-from ..ar_retrofit.model import ReskipModel
 from ..skip.policies import NoSkip
 from ..skip.scoring import on_model, score
 

@@ -33,6 +33,10 @@ class EvalOptions(StageOptions):
     mc_limit: int = described(50, "questions per benchmark (a deterministic sample)", low=1)
     generation: int = described(0, "generation agreement: greedy continuations of sixteen fixed chat prompts, this many "
                                    "new tokens each, by every method beside the backbone's (0: none)", low=0)
+    chat: int = described(0, "chat fidelity: every method answers the first N held-out chat prompts (the `test` "
+                              "set: the sixteen fixed ones, then requests the original wrote itself) beside the "
+                              "original's own greedy replies (reply KL and top-1, greedy agreement, loops; float32; "
+                              "0: none)", low=0, high=112)
     calib_sequences: int = described(32, "calibration sequences that rank the backbone's blocks for pruned:K "
                                          "(its own A(n), as `reskip experiment baselines` ranks them)", low=1)
     chunk_size: int = described(32, "tokens per step when scoring (one skip decision per block and step)", low=1)

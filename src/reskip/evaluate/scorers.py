@@ -18,18 +18,17 @@ from typing import Callable
 
 import torch
 from torch import nn
-
 from transformers import AutoModelForCausalLM
 
 from ..backbones.devices import model_device
 from ..backbones.dtypes import resolve_dtype
 from ..backbones.loading import load_backbone
 from ..baselines.arms import arm_layers, load_arm_model, read_arm
-from ..stages.export import read_record
 from ..baselines.pruning import BlockCosts, backbone_block_costs, prune
 from ..data.packing import Packed
 from ..errors import ReskipError
 from ..skip.spec import KINDS, Spec
+from ..stages.export import read_record
 
 
 @dataclass

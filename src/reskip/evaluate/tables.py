@@ -7,6 +7,10 @@ def _f(x, fmt):
     return "-" if x is None else format(x, fmt)
 
 
+def _ci(x: dict, fmt: str) -> str:
+    return f"{format(x['mean'], fmt)} [{format(x['lo'], fmt)}, {format(x['hi'], fmt)}]"
+
+
 def markdown(results: dict) -> str:
     methods = results["methods"]
     mc_names = sorted({b for r in results.get("multiple_choice", {}).values() for b in r})
@@ -36,6 +40,16 @@ def markdown(results: dict) -> str:
                   "| method | share of tokens before the first divergence | same first sentence |", "|---|---|---|"]
         lines += [f"| {name} | {g['prefix_share']:.3f} | {g['same_first_sentence']:.3f} |"
                   for name, g in gen["methods"].items()]
+    chat = results.get("chat")
+    if chat:
+        lines += ["", f"Chat fidelity: {chat['prompts']} held-out chat prompts (`{chat['prompt_set']}` set), on the "
+                      f"original's own greedy replies ({chat['max_new_tokens']} new tokens, {chat['dtype']}; "
+                      f"{chat['original_loops']} of them loop); 95% intervals over prompts:", "",
+                  "| method | reply KL | reply top-1 | reply before divergence | first 32 equal | same first sentence | "
+                  "new loops |", "|---|---|---|---|---|---|---|"]
+        lines += [f"| {name} | {_ci(c['kl'], '.4f')} | {_ci(c['top1'], '.4f')} | {c['prefix']['mean']:.3f} | "
+                  f"{c['first32']['mean']:.3f} | {c['same_sentence']['mean']:.3f} | {c['new_loop']['mean']:.3f} |"
+                  for name, c in chat["methods"].items()]
     held = results.get("heldout")
     if held:
         lines += ["", f"Held-out source ({', '.join(held['data'])}: kept out of training and calibration; the policy as "

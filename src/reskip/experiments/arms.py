@@ -15,20 +15,20 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..analysis.signal_test import signal_test
+from ..calibrate.options import CalibrateOptions
 from ..data.packing import pack
 from ..data.sources import load_splits
 from ..io_atomic import atomic_write_json
 from ..report.diagnostics import spearman
 from ..run_folder import RunFolder
-from ..calibrate.options import CalibrateOptions
 from ..skip.inference_run import open_run
 from ..skip.policy_file import PolicyFile
-from ..analysis.signal_test import signal_test
 from ..stages.calibrate import calibrate_run
-from ..train.checkpoint import latest_checkpoint
-from ..train_config import TrainConfig
-from ..train.log import read_log, records
 from ..stages.train import train_run
+from ..train.checkpoint import latest_checkpoint
+from ..train.log import read_log, records
+from ..train_config import TrainConfig
 
 ARM_FILE = "arm.json"
 

@@ -38,34 +38,44 @@ from pathlib import Path
 
 import numpy as np
 
+from ..analysis.statistics import bootstrap_difference
 from ..ar_retrofit.accounting import count_params
+from ..ar_retrofit.config import RetrofitConfig
 from ..backbones.dtypes import resolve_dtype_name
 from ..backbones.loading import load_backbone, load_config
-from ..baselines.pruning import BlockCosts, backbone_block_costs
 from ..baselines.arms import LoraArm
 from ..baselines.healing import OBJECTIVES, parse_objective
+from ..baselines.pruning import BlockCosts, backbone_block_costs
 from ..baselines.train import train_lora
 from ..data.packing import pack
 from ..data.sources import load_splits
 from ..errors import ReskipError
-from ..stages.evaluate import evaluate_run
 from ..io_atomic import atomic_write, atomic_write_json
 from ..pipeline import PRESETS, PipelineConfig
 from ..reading import read_json
 from ..report.figures import fig_baselines
 from ..run_folder import RunFolder
-from ..ar_retrofit.config import RetrofitConfig
-from ..analysis.statistics import bootstrap_difference
 from ..skip.policy_file import PolicyFile
 from ..skip.spec import KINDS, METHOD_KINDS, parse_specs
 from ..stages.calibrate import calibrate_run
-from ..train_config import TrainConfig
-from ..train.log import read_log, records
+from ..stages.evaluate import evaluate_run
 from ..stages.train import train_run
 from ..train.checkpoint import latest_checkpoint
-from .baselines_tables import (RECIPE_ROWS, SPLITS, VARIANT_ROWS, claims, fidelity_intervals, intervals, tables,
-                               variant_row, verdict)
+from ..train.log import read_log, records
+from ..train_config import TrainConfig
+from .baselines_tables import (
+    RECIPE_ROWS,
+    SPLITS,
+    VARIANT_ROWS,
+    claims,
+    fidelity_intervals,
+    intervals,
+    tables,
+    variant_row,
+    verdict,
+)
 from .options import ExperimentOptions
+
 
 @dataclass(frozen=True)
 class SweepMethod:

@@ -19,9 +19,7 @@ import dataclasses
 from pathlib import Path
 
 from ..backbones.loading import DEFAULT_BACKBONE
-from ..stages.calibrate import calibrate_run
 from ..errors import ReskipError
-from ..stages.evaluate import evaluate_run
 from ..io_atomic import atomic_write
 from ..pipeline import PipelineConfig
 from ..reading import read_json
@@ -29,8 +27,10 @@ from ..report.figures import fig_fidelity_frontier
 from ..run_folder import RunFolder
 from ..skip.policy_file import PolicyFile
 from ..skip.spec import METHOD_KINDS, parse_specs
-from ..train.checkpoint import latest_checkpoint
+from ..stages.calibrate import calibrate_run
+from ..stages.evaluate import evaluate_run
 from ..stages.train import train_run
+from ..train.checkpoint import latest_checkpoint
 from .options import ExperimentOptions
 from .record import claim, interval_text
 from .static_mixture import backbone_row, minus_mixture, mixture, same_sequences

@@ -24,14 +24,14 @@ from pathlib import Path
 
 import numpy as np
 
+from ..analysis.statistics import bootstrap_difference
 from ..backbones.loading import DEFAULT_BACKBONE
-from ..run_folder.versions import read_run_file
-from .record import claim, interval_text
 from ..errors import ReskipError
 from ..pipeline import PipelineConfig, config_of, run_pipeline
-from .options import ExperimentOptions
-from ..analysis.statistics import bootstrap_difference
 from ..run_folder import RunFolder
+from ..run_folder.versions import read_run_file
+from .options import ExperimentOptions
+from .record import claim, interval_text
 
 SCALE_PRESETS = ("standard", "long", "large")
 BUDGETS = (1.0, 1.5, 2.0, 3.0)  # blocks skipped per step, on average

@@ -27,18 +27,18 @@ from pathlib import Path
 import numpy as np
 
 from ..backbones.loading import DEFAULT_BACKBONE
-from ..stages.export import RECORD, export_run
-from ..stages.calibrate import calibrate_run
 from ..errors import ReskipError
-from ..stages.evaluate import evaluate_run
 from ..pipeline import PipelineConfig
 from ..reading import read_json
-from ..stages.diagnose import diagnose_run
 from ..run_folder import RunFolder
 from ..skip.policy_file import PolicyFile
 from ..skip.spec import METHOD_KINDS, parse_specs
-from ..train.checkpoint import latest_checkpoint
+from ..stages.calibrate import calibrate_run
+from ..stages.diagnose import diagnose_run
+from ..stages.evaluate import evaluate_run
+from ..stages.export import RECORD, export_run
 from ..stages.train import train_run
+from ..train.checkpoint import latest_checkpoint
 from .baselines import arm_name, arm_slug
 from .options import ExperimentOptions
 from .record import claim, interval_text

@@ -13,8 +13,8 @@ import torch
 from ..data.packing import pack
 from ..data.sources import load_splits
 from ..losses import ce_tokens
-from ..skip.scoring import on_model, score
 from ..skip.inference_run import open_run
+from ..skip.scoring import on_model, score
 from .variables import VARIABLES, LabError, Setting, apply, baseline
 
 MAX_TOKENS = 256  # one token per step: a longer text would hold the lab for minutes on a CPU

@@ -15,11 +15,11 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from ..skip.scoring import on_model
-from ..compat import cache_kwarg
 from ..ar_retrofit.model import ReskipModel
+from ..compat import cache_kwarg
 from ..skip.policies import SkipPolicy
 from ..skip.policy_file import PolicyFile
+from ..skip.scoring import on_model
 
 FLAT, COLLAPSED = 0.95, 0.95
 

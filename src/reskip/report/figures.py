@@ -12,9 +12,9 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import NullFormatter  # noqa: E402
-import numpy as np  # noqa: E402
 
 from ..train.log import records  # noqa: E402
 

@@ -16,12 +16,12 @@ from typing import Sequence
 
 import torch
 
-from ..backbones.dtypes import resolve_dtype_name
-from ..backbones.devices import device_name, model_device, resolve_device
-from ..backbones.loading import load_backbone, load_config
-from ..errors import AdapterError, ReskipError
 from ..ar_retrofit.config import ADAPTER_CONFIG_NAME
 from ..ar_retrofit.model import ReskipModel, load_adapter
+from ..backbones.devices import device_name, model_device, resolve_device
+from ..backbones.dtypes import resolve_dtype_name
+from ..backbones.loading import load_backbone, load_config
+from ..errors import AdapterError, ReskipError
 from ..run_folder import RunFolder
 from ..train_config import TrainConfig
 from .policies import SkipPolicy

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import numpy as np
 
+from ..ar_retrofit.adapter_io import fingerprint, names_before_rename
+from ..ar_retrofit.model import ReskipModel
 from ..errors import ReskipError
 from ..io_atomic import atomic_write_json
 from ..reading import is_finite_number, read_json
 from ..run_folder.versions import upgraded, version_of
-from ..ar_retrofit.adapter_io import fingerprint, names_before_rename
-from ..ar_retrofit.model import ReskipModel
 from .policies import HeldReSkip, NoSkip, RandomSkip, ReSkip, SequenceSkip, SkipPolicy, StaticSkip
 from .spec import GRAMMAR, PolicyError, Spec
 

@@ -11,11 +11,11 @@ import torch
 from transformers import DynamicCache
 
 from .. import compat
+from ..ar_retrofit.model import ReskipModel
 from ..backbones.devices import model_device
 from ..errors import ReskipError
-from ..ar_retrofit.model import ReskipModel
-from .policies import PlannedSkip, SkipPolicy
 from .device_runtime import DeviceRowsRuntime
+from .policies import PlannedSkip, SkipPolicy
 from .runtime import RowsRuntime, StepTrace
 
 

@@ -8,15 +8,15 @@ from pathlib import Path
 from ..ar_retrofit.adapter_io import read_adapter_config
 from ..ar_retrofit.model_card import write_card
 from ..backbones.dtypes import describe, resolve_dtype_name
+from ..calibrate.budget import calibrate_budgets
+from ..calibrate.calibration import calibrate
+from ..calibrate.options import CalibrateOptions
 from ..config_fields import check_fields
 from ..data.packing import pack
 from ..errors import ReskipError
 from ..run_folder.lock import writing
 from ..skip.policy_file import PolicyFile
 from .inputs import StageInputs, read_stage_inputs
-from ..calibrate.budget import calibrate_budgets
-from ..calibrate.calibration import calibrate
-from ..calibrate.options import CalibrateOptions
 
 
 def check_options(o: CalibrateOptions) -> None:

@@ -22,32 +22,32 @@ from pathlib import Path
 from transformers import AutoModelForCausalLM
 
 from ..ar_retrofit.accounting import count_params
-from ..backbones.dtypes import resolve_dtype_name
+from ..ar_retrofit.blocks import retrofit_blocks
 from ..backbones.devices import resolve_device
+from ..backbones.dtypes import resolve_dtype_name
 from ..backbones.loading import load_backbone, load_config
 from ..baselines.arms import LoraArm
 from ..baselines.healing import parse_objective
-from .export import RECORD, export_run
 from ..baselines.pruning import BlockCosts, backbone_block_costs
 from ..baselines.train import train_lora
-from ..ar_retrofit.blocks import retrofit_blocks
-from ..data.packing import pack
-from ..data.sources import load_splits
-from ..config_fields import flag_of
-from ..errors import ReskipError
-from ..io_atomic import atomic_write_json, atomic_write_text
-from ..pipeline import PipelineConfig
-from ..progress import Progress
-from ..reading import read_json
-from ..run_folder.lock import writing
-from .options import PRESETS
-from ..train_config import TrainConfig
 from ..chat.prompt_sets import digest
 from ..compress import healing_data
 from ..compress.measure import measure
 from ..compress.options import CompressOptions
 from ..compress.report import html_page, markdown
 from ..compress.speed import compare_speed
+from ..config_fields import flag_of
+from ..data.packing import pack
+from ..data.sources import load_splits
+from ..errors import ReskipError
+from ..io_atomic import atomic_write_json, atomic_write_text
+from ..pipeline import PipelineConfig
+from ..progress import Progress
+from ..reading import read_json
+from ..run_folder.lock import writing
+from ..train_config import TrainConfig
+from .export import RECORD, export_run
+from .options import PRESETS
 
 SETTINGS, BLOCKS, HEAL, MODEL, REPORT_JSON, REPORT_MD, REPORT_HTML = (
     "compress.json", "blocks.json", "heal", "model", "report.json", "report.md", "report.html")

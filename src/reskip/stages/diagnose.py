@@ -8,25 +8,25 @@ from pathlib import Path
 
 import torch
 
+from ..analysis.cost_probe import fit_probes
+from ..analysis.signal_health import signal_health
+from ..analysis.signal_test import signal_test
+from ..ar_retrofit.blocks import inclusive_ranges
 from ..backbones.dtypes import describe, resolve_dtype_name
 from ..backbones.loading import DEFAULT_BACKBONE
 from ..config_fields import check_fields
 from ..data.packing import pack
 from ..io_atomic import atomic_write_json
-from ..ar_retrofit.blocks import inclusive_ranges
-from ..skip.window import sliding_mean
-from ..skip.inference_run import DEFAULT_WINDOW
-from ..skip.scoring import on_model
-from ..analysis.signal_health import signal_health
-from ..analysis.cost_probe import fit_probes
-from ..analysis.signal_test import signal_test
 from ..progress import Progress
-from ..run_folder.versions import stamped
-from ..skip.spec import parse_spec
-from .inputs import read_stage_inputs
-from ..train.log import last_eval
 from ..report.diagnostics import dilution, memory_table, reading_discipline, routing_health, token_trace
 from ..report.options import DiagnoseOptions
+from ..run_folder.versions import stamped
+from ..skip.inference_run import DEFAULT_WINDOW
+from ..skip.scoring import on_model
+from ..skip.spec import parse_spec
+from ..skip.window import sliding_mean
+from ..train.log import last_eval
+from .inputs import read_stage_inputs
 
 SOURCE_INSTANCE = {"n_layers": 48, "hidden_size": 4096, "context": 4096, "dtype_bytes": 2, "block_size": 12}
 

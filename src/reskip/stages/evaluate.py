@@ -9,6 +9,9 @@ and results.md. This module owns the schema of results.json:
     multiple_choice: method -> benchmark -> {acc, acc_norm, chance, n}
     generation:      (with `generation`) prompts, max_new_tokens, methods: method -> {prefix_share,
                      same_first_sentence, per_prompt_prefix}: greedy continuations beside the backbone's
+    chat:            (with `chat`) the original's own replies to held-out chat prompts and every method's row on
+                     them (`evaluate.chat_fidelity.chat_summary`: kl, top1, prefix, first32, same_sentence,
+                     identical, loops, new_loop, each with its 95% interval over prompts)
     frontier:        one point per method: flops_executed_share, blocks_executed_share, ppl_ratio,
                      top1_agreement
     heldout:         (with `heldout` data) data, test_split, sequences, methods, frontier: the same methods
@@ -20,29 +23,35 @@ and results.md. This module owns the schema of results.json:
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
+import torch
 from tqdm.auto import tqdm
 
+from ..backbones.devices import model_device
+from ..backbones.dtypes import describe, resolve_dtype_name
+from ..backbones.loading import load_backbone, load_config
+from ..chat.prompt_sets import prompt_set
+from ..chat.sampling import Sampling, Written, write_all
+from ..chat.template import end_of_turn_ids, require_chat_template
+from ..compat import decoder_layers
+from ..config_fields import check_fields
 from ..data.packing import pack
 from ..data.sources import load_splits
-from ..backbones.dtypes import describe, resolve_dtype_name
-from ..config_fields import check_fields
 from ..errors import ReskipError
-from ..io_atomic import atomic_write_json, atomic_write_text
-from ..run_folder.versions import stamped
-from ..skip.spec import Spec
-from .inputs import read_stage_inputs
-from ..backbones.devices import model_device
-from ..backbones.loading import load_backbone, load_config
-from ..compat import decoder_layers
-from ..skip.scoring import generate
+from ..evaluate.chat_fidelity import chat_rows, chat_summary, original_replies
 from ..evaluate.generation import agreement, continuations, prompt_ids
 from ..evaluate.methods import evaluate_methods, open_scorers, parse_methods
-from ..evaluate.scorers import ScorerContext
 from ..evaluate.multiple_choice import load_benchmark, mc_accuracy
 from ..evaluate.options import EvalOptions
+from ..evaluate.scorers import ScorerContext
 from ..evaluate.tables import markdown
+from ..io_atomic import atomic_write_json, atomic_write_text
+from ..run_folder.versions import stamped
+from ..skip.scoring import generate
+from ..skip.spec import Spec
+from .inputs import read_stage_inputs
 
 
 def check_options(o: EvalOptions) -> None:
@@ -91,6 +100,7 @@ def evaluate_run(run, options: EvalOptions = EvalOptions()) -> Path:
     mc = _multiple_choice(mc_methods, questions, model, tok, window)
     generation = (_generation(methods, model, tok, window, options.generation, reference) if options.generation
                   else None)
+    chat = _chat(options, inputs, scorer_context, window) if options.chat else None
     out = {
         "meta": {"adapter": str(source.adapter_dir), "policy": str(source.policy_path) if policy_file else None,
                  "sequences": len(data), "seq_len": seq_len, "chunk_size": options.chunk_size, "window": window,
@@ -99,6 +109,7 @@ def evaluate_run(run, options: EvalOptions = EvalOptions()) -> Path:
         "methods": results,
         "multiple_choice": mc,
         **({"generation": generation} if generation else {}),
+        **({"chat": chat} if chat else {}),
         "frontier": frontier_of(results, model.n_blocks),
     }
     if options.heldout:
@@ -185,6 +196,43 @@ def _generation(methods, model, tok, window: int, max_new_tokens: int, reference
                 return generate(model, ids, m.policy, window, **kwargs)[0]
         out["methods"][m.name] = agreement(tok, reference, continuations(one, tok, prompts, max_new_tokens))
     return out
+
+
+def _chat(options: EvalOptions, inputs, context: ScorerContext, window: int) -> dict:
+    """Every method on the original's own replies to the first `options.chat` held-out chat prompts, in float32
+    (the run opened again, and every model method, in float32: greedy agreement in bfloat16 measures rounding too)."""
+    opened = inputs.open(dataclasses.replace(options, dtype="float32"), window=window, seed=options.seed)
+    model, tok = opened.model, opened.tokenizer
+    require_chat_template(tok, "--chat")
+    methods = [m for m in parse_methods(options.methods, opened.policy_file, options.seed) if m.spec.kind != "matched"]
+    open_scorers(methods, dataclasses.replace(context, dtype="float32"))
+    reference = _reference(dataclasses.replace(options, dtype="float32"), tok, opened) if options.reference else None
+    prompts = prompt_set("test").first(options.chat)
+    if reference is not None:
+        replies = original_replies(reference, tok, prompts, show_progress=not options.quiet)
+    else:
+        with model.backbone_only() as original:
+            replies = original_replies(original, tok, prompts, show_progress=not options.quiet)
+    texts, stops = replies.texts(tok), end_of_turn_ids(tok)
+
+    def write(m) -> list:
+        print(f"[eval] chat: {m.name} answers {len(texts)} prompts", flush=True)
+        if m.scorer is not None:
+            return write_all(m.scorer.model, tok, texts, Sampling(max_new_tokens=replies.max_new_tokens), stops,
+                             desc=f"chat: {m.name}", show_progress=not options.quiet)
+        out = []
+        for ids in replies.prompt_ids:  # a skip policy decides per step: one prompt at a time
+            ids = torch.tensor([ids])
+            full = generate(model, ids, m.policy, window, do_sample=False, max_new_tokens=replies.max_new_tokens,
+                            eos_token_id=stops, pad_token_id=stops[0])[0]
+            row = full[0, ids.shape[1]:].tolist()
+            end = next((i for i, t in enumerate(row) if t in stops), None)
+            out.append(Written(row, None) if end is None else Written(row[:end], row[end]))
+        return out
+
+    rows = chat_rows(model, tok, replies, methods, write, window, options.chunk_size, reference,
+                     show=lambda line: print(f"[eval] {line}", flush=True))
+    return chat_summary(replies, tok, rows)
 
 
 def _same_methods(results: dict, options: EvalOptions) -> list[Spec]:

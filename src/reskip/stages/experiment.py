@@ -9,10 +9,21 @@ from pathlib import Path
 
 from ..config_fields import check_fields
 from ..errors import ReskipError
-from ..run_folder import RunFolder
-from ..experiments import baselines, block_size, depth_request, frontier, mix, nested, placement, scale, stacked, variants
+from ..experiments import (
+    baselines,
+    block_size,
+    depth_request,
+    frontier,
+    mix,
+    nested,
+    placement,
+    scale,
+    stacked,
+    variants,
+)
 from ..experiments.options import EXPERIMENTS, ExperimentOptions
 from ..experiments.record import write
+from ..run_folder import RunFolder
 
 DEFAULT_OUT = "runs/experiments"
 # The one table of experiments (its names are `options.EXPERIMENTS`, which the CLI reads without torch).

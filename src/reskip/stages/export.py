@@ -13,10 +13,10 @@ from pathlib import Path
 
 from peft import PeftModel
 
+from ..baselines.arms import arm_layers, load_arm_model, read_arm
 from ..errors import ReskipError
 from ..io_atomic import atomic_folder
 from ..reading import read_json
-from ..baselines.arms import arm_layers, load_arm_model, read_arm
 
 RECORD = "reskip.json"
 

@@ -7,16 +7,16 @@ from pathlib import Path
 
 import torch
 
-from ..io_atomic import atomic_write_json
-from ..run_folder import RunFolder
-from .options import ParityOptions
+from ..ar_retrofit.accounting import count_params
 from ..ar_retrofit.blocks import retrofit_blocks
 from ..ar_retrofit.config import RetrofitConfig, check_rank
 from ..ar_retrofit.parity import check_parity, tokenize_batch
-from ..ar_retrofit.accounting import count_params
 from ..backbones.devices import device_name, resolve_device
 from ..backbones.dtypes import resolve_dtype
 from ..backbones.loading import DEFAULT_BACKBONE, load_backbone, load_config
+from ..io_atomic import atomic_write_json
+from ..run_folder import RunFolder
+from .options import ParityOptions
 
 PARITY_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 

@@ -14,15 +14,24 @@ from pathlib import Path
 
 from ..errors import ReskipError
 from ..io_atomic import atomic_write, atomic_write_text
+from ..report.experiments import experiment_sections
+from ..report.figures import (
+    fig_dilution,
+    fig_frontier,
+    fig_importance,
+    fig_memory,
+    fig_routing,
+    fig_signal_test,
+    fig_thresholds,
+    fig_token_view,
+    fig_training,
+)
+from ..report.options import ReportOptions
+from ..report.tables import fmt as _fmt
+from ..report.tables import html_table as _table
 from ..run_folder import RunFolder
 from ..run_folder.versions import read_run_file
 from ..train.log import read_log
-from ..report.experiments import experiment_sections
-from ..report.options import ReportOptions
-from ..report.tables import html_table as _table
-from ..report.tables import fmt as _fmt
-from ..report.figures import (fig_dilution, fig_frontier, fig_importance, fig_memory, fig_routing, fig_signal_test,
-                      fig_thresholds, fig_token_view, fig_training)
 
 
 def _load(path: Path):

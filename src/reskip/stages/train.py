@@ -14,8 +14,8 @@ from ..run_folder import RunFolder
 from ..run_folder.lock import writing
 from ..train.checkpoint import save_checkpoint
 from ..train.log import last_eval
-from ..train_config import TrainConfig
 from ..train.loop import RETROFIT, finish, open_training, optimizer_step, validate, validations_after
+from ..train_config import TrainConfig
 
 
 def train_run(

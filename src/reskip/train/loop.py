@@ -21,6 +21,10 @@ from pathlib import Path
 import torch
 from accelerate import Accelerator
 
+from ..ar_retrofit.blocks import retrofit_blocks
+from ..ar_retrofit.config import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME
+from ..ar_retrofit.model import ReskipModel
+from ..ar_retrofit.model_card import CARD_NAME
 from ..backbones.devices import device_name, resolve_device
 from ..backbones.dtypes import describe, resolve_dtype_name
 from ..backbones.loading import load_backbone, load_config
@@ -28,20 +32,16 @@ from ..data.packing import Packed, pack
 from ..data.sources import load_splits
 from ..errors import ReskipError
 from ..io_atomic import atomic_write_json, atomic_write_text
-from ..ar_retrofit.blocks import retrofit_blocks
-from ..ar_retrofit.config import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME
-from ..ar_retrofit.model_card import CARD_NAME
-from ..ar_retrofit.model import ReskipModel
 from ..progress import Progress
 from ..run_folder import RunFolder
-from .checkpoint import CHECKPOINT_NAME, latest_checkpoint, load_checkpoint
 from ..train_config import TrainConfig
+from .checkpoint import CHECKPOINT_NAME, latest_checkpoint, load_checkpoint
 from .log import append_record, read_log, truncate_after
-from .trainee import Counts, RetrofitRecipe, RetrofitTrainee, Trainee
 from .process_group import check_launch, launched_processes
-from .sharding import average_gradients, shard_backbone
 from .schedules import learning_rate
+from .sharding import average_gradients, shard_backbone
 from .trackers import TRACKER_RUN, hyperparameters, scalars
+from .trainee import Counts, RetrofitRecipe, RetrofitTrainee, Trainee
 
 
 class TrainingDiverged(ReskipError):

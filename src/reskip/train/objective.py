@@ -21,9 +21,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..ar_retrofit.model import ReskipModel
 from ..compat import output_head
 from ..losses import ce_sum, ce_tokens, entropy_sum, head_losses, kl_sum, next_token_targets, teacher_targets
-from ..ar_retrofit.model import ReskipModel
 from .process_group import global_sum, world_size
 
 

@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 
 from .. import compat
-from ..errors import ReskipError
 from ..ar_retrofit.adapter_io import WHOLE_WEIGHTS_DIGEST, weights_digest
+from ..errors import ReskipError
 
 
 def shard_backbone(base_model: torch.nn.Module, device: torch.device) -> int:

@@ -7,11 +7,11 @@ from typing import Callable
 
 import torch
 
+from ..ar_retrofit.model import ReskipModel
 from ..backbones.devices import model_device
 from ..compat import output_head
 from ..data.packing import Packed
 from ..losses import ce_sum, entropy_per_block, head_logits, kl_sum, teacher_targets
-from ..ar_retrofit.model import ReskipModel
 
 
 def _add_skips(model: ReskipModel, ids, labels, cap, target, skip: dict, skip_ce: dict) -> None:
