@@ -21,13 +21,13 @@ from pathlib import Path
 
 import numpy as np
 
-from reskip.analysis.statistics import bootstrap_mean_difference
 from reskip.chat.prompt_sets import prompt_set
 from reskip.errors import ReskipError
 from reskip.evaluate.against_backbone import Reference
-from reskip.experiments.record import interval_text
 from reskip.io_atomic import atomic_write_json, atomic_write_text
+from reskip.research.experiments.record import interval_text
 from reskip.skip.spec import Spec
+from reskip.statistics import bootstrap_mean_difference
 
 CHAT_SHARES = ("prefix", "first32", "same_sentence", "identical", "new_loop")
 

@@ -1,5 +1,5 @@
 """Healing objectives side by side at one budget: the backbone's cheapest K blocks removed and healed by the same
-parameter-matched LoRA, on the same tokens and schedule, with `ce`, `kd` and `kd+ce` (`baselines.healing`); every
+parameter-matched LoRA, on the same tokens and schedule, with `ce`, `kd` and `kd+ce` (`compress.objectives`); every
 arm scored by `reskip eval` against the backbone on the test split and the held-out kjv (KL, top-1 agreement,
 perplexity). Prints one JSON line and writes OUT/results[-VARIANT].json.
 
@@ -19,16 +19,16 @@ from pathlib import Path
 
 from reskip.ar_retrofit.accounting import count_params
 from reskip.backbones.loading import load_backbone, load_config
-from reskip.baselines.arms import LoraArm
-from reskip.baselines.pruning import backbone_block_costs, layer_distances
-from reskip.baselines.train import train_lora
+from reskip.compress.arm import LoraArm
+from reskip.compress.blocks import backbone_block_costs, layer_distances
+from reskip.compress.train import train_lora
 from reskip.data.packing import pack
 from reskip.data.sources import load_splits
 from reskip.evaluate.options import EvalOptions
-from reskip.pipeline import PRESETS, PipelineConfig
+from reskip.evaluate.run import evaluate_run
+from reskip.research.pipeline import PRESETS, PipelineConfig
 from reskip.skip.spec import METHOD_KINDS, parse_specs
-from reskip.stages.evaluate import evaluate_run
-from reskip.stages.train import train_run
+from reskip.train.run import train_run
 from reskip.train_config import TrainConfig
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from reskip.analysis.statistics import bootstrap_mean_difference
-from reskip.experiments.record import interval_text
+from reskip.research.experiments.record import interval_text
+from reskip.statistics import bootstrap_mean_difference
 
 
 def splits_of(results: dict) -> dict[str, dict]:

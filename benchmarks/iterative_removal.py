@@ -1,6 +1,6 @@
 """Iterative removal against the one-shot cut: drop the unit (a block of the retrofit's size, or one layer) whose
 removal costs the current model least in KL to the backbone on the calibration split, heal, measure again, drop the
-next (`baselines.iterative`), until as many layers are gone as `--drop` blocks hold. Each round's healing is a kd
+next (`compress.iterative`), until as many layers are gone as `--drop` blocks hold. Each round's healing is a kd
 LoRA arm of the matched parameters at `--round-steps` steps (the selection's cost, stated); the layers chosen in the
 end are healed again from the start at the preset's budget, exactly as the one-shot arm of `heal_objectives.py`,
 and both are scored by one `reskip eval` on the test split and kjv. When iterative removal chooses the one-shot
@@ -21,14 +21,14 @@ from heal_objectives import score_arms
 
 from reskip.ar_retrofit.accounting import count_params
 from reskip.backbones.loading import load_backbone, load_config
-from reskip.baselines.arms import LoraArm, load_arm_model
-from reskip.baselines.iterative import candidate_units, iterative_removal, removed_layers
-from reskip.baselines.pruning import backbone_block_costs
-from reskip.baselines.train import train_lora
+from reskip.compress.arm import LoraArm, load_arm_model
+from reskip.compress.blocks import backbone_block_costs
+from reskip.compress.iterative import candidate_units, iterative_removal, removed_layers
+from reskip.compress.train import train_lora
 from reskip.data.packing import Packed, pack
 from reskip.data.sources import load_splits
-from reskip.pipeline import PRESETS, PipelineConfig
 from reskip.progress import Progress
+from reskip.research.pipeline import PRESETS, PipelineConfig
 from reskip.train_config import TrainConfig
 
 

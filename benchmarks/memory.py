@@ -43,9 +43,9 @@ from transformers import AutoModelForCausalLM
 from reskip import load_backbone, retrofit
 from reskip.backbones.architectures import architecture_config
 from reskip.backbones.dtypes import resolve_dtype_name
-from reskip.calibrate.calibration import calibrate
 from reskip.data.packing import Packed
 from reskip.evaluate.methods import Method, evaluate_methods
+from reskip.research.calibrate.calibration import calibrate
 from reskip.skip.policies import NoSkip, StaticSkip
 from reskip.skip.spec import Spec
 from reskip.train.objective import RetrofitObjective

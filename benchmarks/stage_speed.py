@@ -20,10 +20,10 @@ import time
 from pathlib import Path
 
 from reskip.backbones.dtypes import resolve_dtype_name
-from reskip.pipeline import PipelineConfig
+from reskip.evaluate.run import evaluate_run
+from reskip.research.calibrate.run import calibrate_run
+from reskip.research.pipeline import PipelineConfig
 from reskip.skip.policy_file import PolicyFile
-from reskip.stages.calibrate import calibrate_run
-from reskip.stages.evaluate import evaluate_run
 
 
 def main(argv=None):

@@ -8,11 +8,11 @@ import sys
 from pathlib import Path
 
 from reskip.ar_retrofit.config import RetrofitConfig
-from reskip.calibrate.options import CalibrateOptions
 from reskip.compress.options import CompressOptions
 from reskip.config_fields import markdown_table
 from reskip.evaluate.options import EvalOptions
-from reskip.report.options import DiagnoseOptions
+from reskip.research.calibrate.options import CalibrateOptions
+from reskip.research.report.options import DiagnoseOptions
 from reskip.train_config import TrainConfig
 
 GUIDE = Path(__file__).resolve().parent.parent / "docs" / "guide.md"

@@ -16,21 +16,26 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "reskip"
 
 # The data's way through the package: each stage imports only from stages at or before its own.
 STAGES = {
-    "reskip.stages": 0,  # the package's docstring: the room of stage entry points, importing nothing
+    # the ground floor: errors, atomic writes, the cache, version differences, the loss terms, the options' fields
     "reskip.errors": 0, "reskip.io_atomic": 0, "reskip.cache": 0, "reskip.compat": 0, "reskip.losses": 0,
-    "reskip.version": 0, "reskip.divergences": 0, "reskip.run_folder": 0, "reskip.memory": 0, "reskip.fusion": 0, "reskip.progress": 0,
-    "reskip.config_fields": 0, "reskip.device_names": 0, "reskip.reading": 0, "reskip.run_folder.lock": 0, "reskip.lora_ranks": 0, "reskip.run_folder.versions": 0,
+    "reskip.version": 0, "reskip.divergences": 0, "reskip.run_folder": 0, "reskip.memory": 0, "reskip.fusion": 0,
+    "reskip.progress": 0, "reskip.config_fields": 0, "reskip.device_names": 0, "reskip.reading": 0,
+    "reskip.run_folder.lock": 0, "reskip.lora_ranks": 0, "reskip.run_folder.versions": 0, "reskip.html_tables": 0,
+    "reskip.statistics": 0,
     "reskip.ar_retrofit": 1,
-    "reskip.backbones": 2, "reskip.train_config": 2, "reskip.stages.options": 2,
-    "reskip.data": 3, "reskip.stages.parity": 3, "reskip.chat": 3,
-    "reskip.train": 4, "reskip.stages.train": 4,
+    "reskip.backbones": 2, "reskip.train_config": 2, "reskip.options": 2, "reskip.compress.options": 2,
+    "reskip.compress.export_options": 2,
+    "reskip.data": 3, "reskip.chat": 3,
+    "reskip.train": 4,
     "reskip.skip": 5,
-    "reskip.analysis": 6, "reskip.stages.inputs": 6,
-    "reskip.calibrate": 7, "reskip.stages.calibrate": 7,
-    "reskip.evaluate": 8, "reskip.baselines": 8, "reskip.stages.evaluate": 8, "reskip.stages.export": 8,
-    "reskip.report": 9, "reskip.stages.diagnose": 9, "reskip.stages.report": 9,
-    "reskip.pipeline": 10, "reskip.experiments": 10, "reskip.lab": 10, "reskip.compress": 10,
-    "reskip.stages.compress": 10, "reskip.stages.experiment": 10,
+    # the product's healing, blocks and export: the one trainer's LoRA recipe, opened by the evaluator as kinds
+    "reskip.compress": 6,
+    "reskip.evaluate": 7,
+    # the product's measurement, report and command, over the evaluator
+    "reskip.compress.measure": 8, "reskip.compress.report": 8, "reskip.compress.speed": 8,
+    "reskip.compress.run": 8,
+    "reskip.research": 9,  # the source design's pipeline, calibration, analyses, experiments, lab and run report
+    "reskip.stages": 10,  # one floor: every command's entry, the same shape
     "reskip.cli": 11,
     "reskip": 12,  # the package root re-exports public names (lazily)
 }
@@ -109,8 +114,9 @@ def test_nothing_imports_the_cli():
 
 # Rooms that keep to one trade: what each may import from the package besides stage-0 modules and itself.
 ROOMS = {
-    "reskip.skip": ("reskip.ar_retrofit", "reskip.backbones", "reskip.train_config", "reskip.stages.options"),  # the inference path: no training
-    "reskip.backbones": ("reskip.stages.options",),  # loading only (the dtypes' names come from the options' module)
+    "reskip.skip": ("reskip.ar_retrofit", "reskip.backbones", "reskip.train_config", "reskip.options",
+                    "reskip.data"),  # the inference path, and the data it reads: no training
+    "reskip.backbones": ("reskip.options",),  # loading only (the dtypes' names come from the options' module)
 }
 
 

@@ -9,10 +9,10 @@ import shutil
 import pytest
 
 from helpers import save_tiny, tiny_train_config, write_corpus
-from reskip.baselines.arm_files import TRAINED_ON
-from reskip.baselines.arms import LoraArm
-from reskip.baselines.train import train_lora
 from reskip.cli import main
+from reskip.compress.arm import LoraArm
+from reskip.compress.arm_files import TRAINED_ON
+from reskip.compress.train import train_lora
 
 
 @pytest.fixture(scope="module")

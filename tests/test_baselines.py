@@ -15,11 +15,11 @@ from helpers import FAMILIES, save_tiny, tiny_model, tiny_train_config, write_co
 from reskip import compat
 from reskip.ar_retrofit.config import RetrofitConfig
 from reskip.ar_retrofit.model import retrofit
-from reskip.baselines.arms import LoraArm, load_arm_model
-from reskip.baselines.lora import add_lora, trainable_parameters
-from reskip.baselines.pruning import prune
-from reskip.baselines.train import train_lora
 from reskip.cli import main
+from reskip.compress.arm import LoraArm, load_arm_model
+from reskip.compress.blocks import prune
+from reskip.compress.lora import add_lora, trainable_parameters
+from reskip.compress.train import train_lora
 from reskip.lora_ranks import lora_parameters, matched_lora_config, matched_ranks
 from reskip.train_config import TrainConfig
 
@@ -269,7 +269,7 @@ def test_the_chunked_head_ce_is_ce_of_the_logits_with_its_gradient(family):
 
 def test_the_variants_a_run_includes():
     from reskip.errors import ReskipError
-    from reskip.experiments.baselines import _variants, arm_name
+    from reskip.research.experiments.baselines import _variants, arm_name
 
     assert arm_name("lora", 0.002) == "lora@0.002" and arm_name("lora", 0.0020000001) != arm_name("lora", 0.002)
     assert _variants(None) == () and _variants([]) == ("side+lora", "full-teacher", "backbone-teacher")
@@ -326,7 +326,7 @@ def test_eval_scores_trained_methods_beside_the_run_against_the_same_references(
 def test_block_costs_read_the_ablation_as_perplexity_kl_and_influence():
     """One pass per block gives A(n), KL(backbone || block n removed) and cos(in, out); each ranks the middle
     blocks its own way, and a block whose removal costs nothing reads A = 1, KL = 0."""
-    from reskip.baselines.pruning import BlockCosts, backbone_block_costs
+    from reskip.compress.blocks import BlockCosts, backbone_block_costs
     from reskip.data.packing import Packed
 
     model = tiny_model("llama", init_std=0.2)
@@ -350,7 +350,7 @@ def test_angular_distances_find_a_layer_that_does_nothing():
     """Gromov et al.'s angular distance between layer inputs: a layer whose attention and MLP write nothing leaves
     its input's direction as it was (distance 0), so it is the cheapest single layer and the cheapest run of one;
     every distance lies in [0, 1]; the first and the last layers are never chosen."""
-    from reskip.baselines.pruning import layer_distances
+    from reskip.compress.blocks import layer_distances
     from reskip.data.packing import Packed
 
     model = tiny_model("llama", init_std=0.2)

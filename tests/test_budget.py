@@ -10,7 +10,10 @@ from transformers import LlamaForCausalLM
 
 from helpers import tiny_model, tiny_trained_run, write_corpus
 from reskip import RetrofitConfig, retrofit
-from reskip.calibrate.budget import (
+from reskip.cli import main
+from reskip.data.packing import Packed
+from reskip.evaluate.methods import Method, evaluate_methods, matched_methods, parse_methods
+from reskip.research.calibrate.budget import (
     allocation_at,
     calibrate_budgets,
     chunk_ends,
@@ -19,15 +22,12 @@ from reskip.calibrate.budget import (
     step_positions,
     threshold,
 )
-from reskip.calibrate.calibration import calibrate
-from reskip.cli import main
-from reskip.data.packing import Packed
-from reskip.evaluate.methods import Method, evaluate_methods, matched_methods, parse_methods
+from reskip.research.calibrate.calibration import calibrate
+from reskip.research.calibrate.run import format_policy
 from reskip.skip.policies import RandomSkip, ReSkip, StaticSkip, plan
 from reskip.skip.policy_file import PolicyError
 from reskip.skip.scoring import score
 from reskip.skip.spec import METHOD_KINDS, Spec, SpecError, parse_spec
-from reskip.stages.calibrate import format_policy
 
 
 def test_chunk_ends_and_step_positions():

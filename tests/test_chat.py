@@ -159,8 +159,8 @@ def test_a_cut_reply_is_trained_but_never_taught_to_end(chat_model, tmp_path):
 
 def test_reply_kl_is_the_kl_on_the_reply_positions(chat_model, tmp_path, monkeypatch):
     """The evaluator's chat columns on a pruned model equal KL and top-1 computed by hand on the reply positions."""
-    from reskip.baselines.pruning import prune
     from reskip.chat.prompt_sets import PromptSet
+    from reskip.compress.blocks import prune
     from reskip.evaluate.against_backbone import Reference
     from reskip.skip.spec import Spec
 

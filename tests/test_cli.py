@@ -50,7 +50,7 @@ def test_run_flags_become_the_pipeline_s_overrides():
     stage through PipelineConfig's overrides; flags not given leave the preset's values."""
     from reskip.cli import build_parser
     from reskip.cli.run import run_overrides
-    from reskip.pipeline import PipelineConfig
+    from reskip.research.pipeline import PipelineConfig
 
     parse = build_parser().parse_args
     assert run_overrides(parse(["run"])) == {}

@@ -288,9 +288,9 @@ def test_benchmarks_none_means_no_multiple_choice():
 def test_an_options_file_gives_values_by_name_and_flags_override_it(tmp_path):
     """`--config` of a stage: values by field name, converted as flags are, a flag given on the line winning;
     an unknown name or a value of the wrong type is one error naming the file and the field."""
-    from reskip.calibrate.options import CalibrateOptions
     from reskip.cli.options import options_from_args
     from reskip.cli.skip import CALIBRATE_CONVERTERS
+    from reskip.research.calibrate.options import CalibrateOptions
 
     parser = build_parser()
     good = tmp_path / "calib.yaml"

@@ -8,14 +8,14 @@ import torch
 
 from helpers import VOCAB, tiny_model
 from reskip import RetrofitConfig, retrofit
-from reskip.analysis.cost_probe import fit_probes
-from reskip.analysis.signal_test import signal_test
-from reskip.calibrate.budget import calibrate_budgets
-from reskip.calibrate.calibration import calibrate
 from reskip.data.packing import Packed
 from reskip.evaluate.methods import evaluate_methods, parse_methods
 from reskip.evaluate.multiple_choice import Question, mc_accuracy
-from reskip.report.diagnostics import dilution, token_trace
+from reskip.research.analysis.cost_probe import fit_probes
+from reskip.research.analysis.signal_test import signal_test
+from reskip.research.calibrate.budget import calibrate_budgets
+from reskip.research.calibrate.calibration import calibrate
+from reskip.research.report.diagnostics import dilution, token_trace
 from reskip.skip.policies import ReSkip, StaticSkip
 from reskip.skip.scoring import generate, score, score_rows
 from reskip.skip.spec import METHOD_KINDS, parse_specs
@@ -110,13 +110,13 @@ def _simulated_loading(monkeypatch, sim: SimulatedDevice, module) -> None:
 
 def test_the_training_loops_on_the_device(tmp_path, monkeypatch):
     """The side-channel's training (its steps, validations, checkpoints and resume) and a LoRA baseline's."""
-    import reskip.baselines.lora_trainee as lora_trainee
+    import reskip.compress.trainee as lora_trainee
     import reskip.train.loop as loop
     import reskip.train.trainee as trainee
     from helpers import save_tiny, write_corpus
-    from reskip.baselines.arms import LoraArm
-    from reskip.baselines.train import train_lora
-    from reskip.stages.train import train_run
+    from reskip.compress.arm import LoraArm
+    from reskip.compress.train import train_lora
+    from reskip.train.run import train_run
     from reskip.train_config import TrainConfig
 
     sim = SimulatedDevice()

@@ -18,8 +18,8 @@ from reskip.losses import chunk_terms
 from reskip.progress import Progress
 from reskip.skip.policies import NoSkip, RandomSkip
 from reskip.skip.scoring import generate
-from reskip.stages.train import train_run
 from reskip.train.objective import RetrofitObjective
+from reskip.train.run import train_run
 from reskip.train_config import TrainConfig
 
 

@@ -196,8 +196,8 @@ def test_report_shows_every_experiment_of_the_folder(tiny):
 def test_every_experiment_is_one_module_behind_one_table():
     import inspect
 
-    from reskip.experiments.options import EXPERIMENTS
-    from reskip.stages.experiment import MODULES
+    from reskip.research.experiments.options import EXPERIMENTS
+    from reskip.research.experiments.run import MODULES
 
     assert tuple(MODULES) == EXPERIMENTS
     for name, module in MODULES.items():
@@ -205,8 +205,8 @@ def test_every_experiment_is_one_module_behind_one_table():
 
 
 def test_arms_get_ten_validations_unless_told():
-    from reskip.experiments.arm_set import base_config as _base
-    from reskip.experiments.options import ExperimentOptions
+    from reskip.research.experiments.arm_set import base_config as _base
+    from reskip.research.experiments.options import ExperimentOptions
 
     assert _base(ExperimentOptions(preset="quick"), check=False).eval_every == 3  # 30 steps
     assert _base(ExperimentOptions(preset="standard"), check=False).eval_every == 10  # 100 steps
@@ -216,7 +216,7 @@ def test_arms_get_ten_validations_unless_told():
 def test_interpolation_is_judged_over_the_ramp_only():
     """The quick preset's interpolation arm rose 16.7 -> 30.9 while c(t) went 0 -> 1 and then recovered at
     c = 1; over the whole curve Spearman(c, ppl) read -0.06. The verdict reads the ramp only."""
-    from reskip.experiments.variants import _ramp, claims
+    from reskip.research.experiments.variants import _ramp, claims
 
     c = [0.0, 0.29, 0.64, 1.0, 1.0, 1.0]
     def arm(ppl):
@@ -235,8 +235,8 @@ def test_interpolation_is_judged_over_the_ramp_only():
 def test_arms_table_median_is_the_mix_verdicts_median():
     """results.md's "median w_recent 5-95% range" is the statistic `mix`'s verdict reads: with an even number of
     middle blocks, the mean of the two middle values (it once printed the upper one: 0.0182 beside 0.0169)."""
-    from reskip.experiments.mix import routing_summary
-    from reskip.experiments.record import arms_table
+    from reskip.research.experiments.mix import routing_summary
+    from reskip.research.experiments.record import arms_table
 
     ranges = [0.0259, 0.0156, 0.0137, 0.0149, 0.0184, 0.0182]  # the standard recipe's blocks 2-7
     blocks = {"1": {"A": 9.0, "w_recent_range": None, "entropy_ratio": None}}

@@ -10,13 +10,13 @@ from transformers import AutoModelForCausalLM
 
 from helpers import save_tiny, tiny_model, tiny_train_config, write_corpus
 from reskip import compat
-from reskip.baselines.arms import LoraArm, load_arm_model
-from reskip.baselines.full_layers import full_copies, layers_next_to_cut, train_in_float32
-from reskip.baselines.healing import HealingObjective
-from reskip.baselines.lora import add_lora
-from reskip.baselines.pruning import prune_keeping
-from reskip.baselines.train import train_lora
 from reskip.cli import main
+from reskip.compress.arm import LoraArm, load_arm_model
+from reskip.compress.blocks import prune_keeping
+from reskip.compress.full_layers import full_copies, layers_next_to_cut, train_in_float32
+from reskip.compress.lora import add_lora
+from reskip.compress.objectives import HealingObjective
+from reskip.compress.train import train_lora
 from reskip.errors import ReskipError
 from reskip.lora_ranks import full_module_names, matched_lora_config
 

@@ -7,9 +7,9 @@ import torch
 
 from helpers import FAMILIES, tiny_model
 from reskip import compat
-from reskip.baselines.healing import HealingObjective
-from reskip.baselines.lora import add_lora
-from reskip.baselines.pruning import prune_keeping
+from reskip.compress.blocks import prune_keeping
+from reskip.compress.lora import add_lora
+from reskip.compress.objectives import HealingObjective
 from reskip.lora_ranks import matched_lora_config
 
 
@@ -124,7 +124,7 @@ def test_each_divergence_equals_its_formula_with_its_gradients(objective, positi
 
 
 def test_the_objectives_table_parses_and_refuses():
-    from reskip.baselines.healing import OBJECTIVES, parse_objective
+    from reskip.compress.objectives import OBJECTIVES, parse_objective
     from reskip.compress.options import OBJECTIVE_NAMES
     from reskip.errors import ReskipError
 
@@ -140,7 +140,7 @@ def test_the_objectives_table_parses_and_refuses():
 def test_on_policy_steps_and_the_students_samples(tmp_path):
     from helpers import save_tiny
     from reskip.backbones.loading import load_backbone
-    from reskip.baselines.on_policy import on_policy_step, prompt_pool, sampled_batch
+    from reskip.compress.on_policy import on_policy_step, prompt_pool, sampled_batch
     from reskip.data.documents import Document
 
     assert [s for s in range(12) if on_policy_step(s, 0.25)] == [3, 7, 11]

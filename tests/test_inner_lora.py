@@ -12,7 +12,7 @@ from reskip.ar_retrofit.accounting import count_params
 from reskip.ar_retrofit.model import load_adapter
 from reskip.errors import RetrofitConfigError
 from reskip.reading import read_json
-from reskip.stages.train import train_run
+from reskip.train.run import train_run
 
 
 def _model(family="llama", inner=2000, seed=0):

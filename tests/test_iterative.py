@@ -1,4 +1,4 @@
-"""Iterative removal (`baselines.iterative`): each round reads every unit still in the model by the KL to the
+"""Iterative removal (`compress.iterative`): each round reads every unit still in the model by the KL to the
 backbone with it removed on top of the current model, whose layers are renumbered once some are gone; the
 backbone's references and the head are its own."""
 
@@ -10,9 +10,9 @@ import torch.nn.functional as F
 
 from helpers import tiny_model
 from reskip import compat
-from reskip.baselines.iterative import backbone_states, candidate_units, iterative_removal, removal_kl, removed_layers
-from reskip.baselines.lora import add_lora
-from reskip.baselines.pruning import BlockCosts, prune
+from reskip.compress.blocks import BlockCosts, prune
+from reskip.compress.iterative import backbone_states, candidate_units, iterative_removal, removal_kl, removed_layers
+from reskip.compress.lora import add_lora
 from reskip.data.packing import Packed
 from reskip.errors import ReskipError
 from reskip.lora_ranks import matched_lora_config

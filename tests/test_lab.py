@@ -25,7 +25,7 @@ def lab_run(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def session(lab_run):
-    from reskip.lab.session import LabSession
+    from reskip.research.lab.session import LabSession
 
     return LabSession(lab_run)
 
@@ -34,7 +34,7 @@ TEXT = " ".join(f"w{i}" for i in range(3, 40))
 
 
 def test_one_variable_at_a_time(session):
-    from reskip.lab.variables import LabError, apply
+    from reskip.research.lab.variables import LabError, apply
 
     base, pf, n = session.base, session.policy_file, session.model.n_blocks
     assert base.budget == 1.0  # the run's budget of one block per step
@@ -56,7 +56,7 @@ def test_one_variable_at_a_time(session):
 
 
 def test_a_run_measures_the_change_against_the_baseline(session):
-    from reskip.lab.variables import LabError
+    from reskip.research.lab.variables import LabError
 
     r = session.run(TEXT, {"variable": "skip_block", "block": 2, "value": "always"},
                     {"direction": "worse", "amount_percent": 1})
@@ -73,7 +73,7 @@ def test_a_run_measures_the_change_against_the_baseline(session):
                                        "at most 256")]:
         with pytest.raises(LabError, match=words):
             session.run(text, change, pred)
-    from reskip.lab import session as lab_session
+    from reskip.research.lab import session as lab_session
 
     limit, lab_session.MAX_HISTORY = lab_session.MAX_HISTORY, 2
     try:  # the history keeps the newest runs only
@@ -99,7 +99,7 @@ def _free_port() -> int:
 def server(session):
     import uvicorn
 
-    from reskip.lab.app import HOST, build_app
+    from reskip.research.lab.app import HOST, build_app
 
     port = _free_port()
     srv = uvicorn.Server(uvicorn.Config(build_app(session), host=HOST, port=port, log_level="warning"))
@@ -188,7 +188,7 @@ def test_a_declared_length_past_the_limit_is_refused_unread_and_other_sites_are_
 def test_a_port_left_in_time_wait_is_free_again():
     """A stopped server's port (its accepted connection closed first: TIME-WAIT on the server side) passes the
     check, as the server itself (SO_REUSEADDR) would bind it."""
-    from reskip.lab.app import check_port
+    from reskip.research.lab.app import check_port
 
     srv = socket.socket()
     srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -11,9 +11,9 @@ from transformers import AutoModelForCausalLM
 
 from helpers import FAMILIES, save_tiny, tiny_model, tiny_train_config, write_corpus
 from reskip import compat
-from reskip.baselines.arms import LoraArm, load_arm_model
-from reskip.baselines.train import train_lora
 from reskip.cli import main
+from reskip.compress.arm import LoraArm, load_arm_model
+from reskip.compress.train import train_lora
 from reskip.evaluate.against_backbone import Reference
 from reskip.skip.spec import METHOD_KINDS, parse_specs
 from reskip.train.schedules import nested_depth
@@ -74,7 +74,7 @@ def test_a_nested_arm_trains_at_each_depth_and_validates_every_depth(nested_run)
 def test_a_nested_arm_opens_at_a_depth_as_the_student_trained_there(nested_run):
     """The LoRA of every kept layer stays on that layer: the model opened at depth k gives the logits the trainer's
     student gave at depth k (the whole model with the LoRA, those layers left out for the pass)."""
-    from reskip.baselines.healing import HealingObjective
+    from reskip.compress.objectives import HealingObjective
 
     tmp, _, arm, _ = nested_run
     ids = torch.randint(3, 90, (2, 12), generator=torch.Generator().manual_seed(3))

@@ -7,8 +7,8 @@ import torch
 
 from helpers import tiny_model, tiny_trained_run
 from reskip import RetrofitConfig, retrofit
-from reskip.calibrate.calibration import calibrate
 from reskip.cli import main
+from reskip.research.calibrate.calibration import calibrate
 from reskip.skip.policies import NoSkip, RandomSkip, ReSkip, StaticSkip
 from reskip.skip.policy_file import PolicyError, PolicyFile, make_policy
 from reskip.skip.spec import SpecError, parse_spec

@@ -10,8 +10,8 @@ import pytest
 
 from helpers import save_tiny, write_corpus
 from reskip.cli import main
-from reskip.report.options import ReportOptions
-from reskip.stages.report import report_run
+from reskip.research.report.options import ReportOptions
+from reskip.research.report.page import report_run
 
 pytestmark = pytest.mark.integration  # whole commands end to end
 

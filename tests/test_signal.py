@@ -6,12 +6,12 @@ import torch
 
 from helpers import tiny_model
 from reskip import RetrofitConfig, retrofit
-from reskip.analysis.cost_probe import block_costs, chosen_cost, fit_probe, fit_probes, probe_features
-from reskip.analysis.signal_health import INPUT_INDEPENDENT_RANGE, signal_health
-from reskip.analysis.signal_test import CHOOSERS, choose_positions, signal_test
-from reskip.analysis.statistics import bootstrap_difference, verdict
 from reskip.data.packing import Packed
 from reskip.losses import ce_sum, ce_tokens
+from reskip.research.analysis.cost_probe import block_costs, chosen_cost, fit_probe, fit_probes, probe_features
+from reskip.research.analysis.signal_health import INPUT_INDEPENDENT_RANGE, signal_health
+from reskip.research.analysis.signal_test import CHOOSERS, choose_positions, signal_test
+from reskip.statistics import bootstrap_difference, verdict
 
 
 def test_signal_health_flags_an_input_independent_router():

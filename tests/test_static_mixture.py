@@ -4,7 +4,7 @@ around a compute, and a dynamic method's difference from it, pair by pair."""
 import pytest
 
 from reskip.errors import ReskipError
-from reskip.experiments.static_mixture import backbone_row, minus_mixture, mixture, neighbours, same_sequences
+from reskip.research.experiments.static_mixture import backbone_row, minus_mixture, mixture, neighbours, same_sequences
 
 
 def _row(share, kl, agree, positions=(10, 10, 10)):

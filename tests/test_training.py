@@ -13,9 +13,9 @@ from reskip import ReskipError, RetrofitConfig, retrofit
 from reskip.ar_retrofit.adapter_io import WEIGHTS_NAME
 from reskip.ar_retrofit.model import load_adapter
 from reskip.reading import read_json
-from reskip.stages.train import train_run
 from reskip.train.checkpoint import latest_checkpoint
 from reskip.train.loop import TrainingDiverged
+from reskip.train.run import train_run
 from reskip.train.schedules import curriculum, drawn_block, learning_rate
 from reskip.train_config import TrainConfig
 

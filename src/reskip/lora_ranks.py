@@ -62,7 +62,7 @@ def full_module_names(model: nn.Module, layers: list[int]) -> list[str]:
 def matched_lora_config(model: nn.Module, target: int, full_layers: list[int] = ()) -> tuple:
     """(the PEFT LoraConfig whose trainable parameters on `model` come nearest `target`, its accounting: {ranks
     per layer, parameters, target, rel_diff}). `full_layers`: decoder layers trained in full instead, with the
-    final norm (`baselines.full_layers`; PEFT's modules_to_save); they carry no LoRA: the ranks are dealt over the
+    final norm (`compress.full_layers`; PEFT's modules_to_save); they carry no LoRA: the ranks are dealt over the
     other layers."""
     from peft import LoraConfig  # lazy: counting parameters needs no PEFT until a LoRA is asked for
 

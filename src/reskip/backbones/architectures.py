@@ -82,3 +82,13 @@ def _read_text(path: Path) -> str:
         return path.read_text()
     except (OSError, UnicodeDecodeError) as e:
         raise ModelNotFoundError(f"cannot read {path} as a model config ({e})") from e
+
+
+def model_parameters(config) -> int:
+    """A model's parameters from its config alone, built on the meta device (tied weights counted once)."""
+    import torch  # lazy: the shipped configs are read by `reskip params` and `--help` paths without torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())

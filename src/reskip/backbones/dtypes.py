@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import ReskipError
-from ..stages.options import DTYPE_NAMES
+from ..options import DTYPE_NAMES
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..options import ParityOptions
 from ..reading import read_json
 from ..run_folder import RunFolder
-from ..stages.options import ParityOptions
 from .common import dtype_flag, examples, retrofit_config, retrofit_flags
 from .options import add_option_flags, options_from_args
 
@@ -26,7 +26,7 @@ def parity_options(args) -> ParityOptions:
 def cmd_parity(args) -> int:
     from ..backbones.dtypes import describe  # lazy: torch
     from ..backbones.loading import DEFAULT_BACKBONE  # lazy: torch
-    from ..stages.parity import parity_of  # lazy: torch
+    from ..research.parity import parity_of  # lazy: torch
 
     o = parity_options(args)
     r, _ = parity_of(o.model, args.dtype, o.retrofit, o.trust_remote_code, o.device)
@@ -56,9 +56,9 @@ def cmd_params(args) -> int:
 
 
 def cmd_run_parity(args) -> int:
-    from ..stages.parity import parity_run  # lazy: torch
+    from ..stages.parity import parity  # lazy: torch
 
-    result = read_json(parity_run(Path(args.out), parity_options(args)))
+    result = read_json(parity(Path(args.out), parity_options(args)))
     print(f"wrote {RunFolder(args.out).parity}")
     return 0 if all(r["equal"] for r in result["parity"]) else 1
 

@@ -13,7 +13,7 @@ import typing
 from ..ar_retrofit.config import RetrofitConfig
 from ..config_fields import flag_of, help_of
 from ..errors import ReskipError
-from ..stages.options import DTYPE_HELP, DTYPE_NAMES
+from ..options import DTYPE_HELP, DTYPE_NAMES
 from ..train_config import RECIPE_RETROFIT, TrainConfig
 
 # Every subcommand's --help ends with an example or two (torchtune's habit).

@@ -12,11 +12,11 @@ CONVERTERS = {"data": lambda specs: list(specs) or ["default"],
 
 
 def cmd_compress(args) -> int:
-    from ..stages.compress import REPORT_MD, compress, plan  # lazy: torch
+    from ..compress.run import REPORT_MD  # lazy: torch
+    from ..stages.compress import compress  # lazy: torch
 
     o = options_from_args(CompressOptions, args, CONVERTERS)
-    plan(o)  # every check that needs no weights, before any load
-    report = compress(o)
+    report = compress(None, o)
     print((report.parent / REPORT_MD).read_text())
     print(f"the compressed model: {report.parent / 'model'} (AutoModelForCausalLM.from_pretrained loads it); "
           f"its report: {report.parent / REPORT_MD}")

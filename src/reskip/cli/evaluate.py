@@ -21,9 +21,10 @@ EVAL_CONVERTERS = {
 
 def cmd_eval(args) -> int:
     options = options_from_args(EvalOptions, args, EVAL_CONVERTERS)
-    from ..stages.evaluate import evaluate_run, margin_violations  # lazy: torch
+    from ..evaluate.run import margin_violations  # lazy: torch
+    from ..stages.evaluate import evaluate  # lazy: torch
 
-    path = evaluate_run(args.adapter, options)
+    path = evaluate(args.adapter, options)
     results = read_json(path)
     print(markdown(results))
     print(f"wrote {path} and {path.with_suffix('.md')}")

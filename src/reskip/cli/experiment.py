@@ -4,7 +4,7 @@ The flags become one ExperimentOptions; the experiment's library code is importe
 
 from __future__ import annotations
 
-from ..experiments.options import EXPERIMENTS, ExperimentOptions
+from ..research.experiments.options import EXPERIMENTS, ExperimentOptions
 from .common import TRAINING_FLAGS, examples, retrofit_flags, retrofit_values, training_flags, training_values
 from .options import add_option_flags, options_from_args
 
@@ -21,10 +21,10 @@ def experiment_options(args) -> ExperimentOptions:
 
 
 def cmd_experiment(args) -> int:
-    from ..stages.experiment import run_experiment  # lazy: torch
+    from ..stages.experiment import experiment  # lazy: torch
 
     options = experiment_options(args)
-    path = run_experiment(options, show=(lambda *a, **k: None) if options.quiet else print)
+    path = experiment(None, options)
     if path is None:  # arms left to other processes: the run that finishes the last one writes the results
         print(f"arms {', '.join(options.arms)} finished; results.json waits for the others")
         return 0

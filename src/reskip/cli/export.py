@@ -5,22 +5,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..baselines.options import ExportOptions
+from ..compress.export_options import ExportOptions
 from ..errors import ReskipError
 from .common import examples
 from .options import add_option_flags, options_from_args
 
 
 def cmd_export(args) -> int:
-    from ..stages.export import check_out, export_run  # lazy: torch
+    from ..stages.export import export  # lazy: torch
 
     run = Path(args.run)
     if not (run / "config.yaml").is_file() or not (run / "adapter" / "adapter_config.json").is_file():
         raise ReskipError(f"{run} is not a finished baseline run (needs config.yaml and adapter/); train one with "
                           "`reskip experiment baselines`")
-    o = options_from_args(ExportOptions, args)
-    check_out(run, Path(o.out))
-    out = export_run(run, Path(o.out), o.dtype, o.trust_remote_code, o.depth)
+    out = export(run, options_from_args(ExportOptions, args))
     print(f"exported {run} to {out}: load it with AutoModelForCausalLM.from_pretrained({str(out)!r})")
     return 0
 

@@ -3,14 +3,14 @@ inside the handler (`lazy:`), so `reskip --help` loads no torch."""
 
 from __future__ import annotations
 
-from ..lab.options import LabOptions
+from ..research.lab.options import LabOptions
 from .common import examples
 from .options import add_option_flags, options_from_args
 
 
 def cmd_lab(args) -> int:
-    from ..lab.app import check_port, serve  # lazy: torch, starlette
-    from ..lab.session import LabSession
+    from ..research.lab.app import check_port, serve  # lazy: torch, starlette
+    from ..research.lab.session import LabSession
 
     o = options_from_args(LabOptions, args)
     check_port(o.port)  # before the model loads and before any URL is printed

@@ -5,15 +5,15 @@
 from __future__ import annotations
 
 from ..reading import read_json
-from ..report.options import DiagnoseOptions, ReportOptions
+from ..research.report.options import DiagnoseOptions, ReportOptions
 from .common import examples
 from .options import add_option_flags, options_from_args
 
 
 def cmd_diagnose(args) -> int:
-    from ..stages.diagnose import diagnose_run  # lazy: torch
+    from ..stages.diagnose import diagnose  # lazy: torch
 
-    path = diagnose_run(args.run, options_from_args(DiagnoseOptions, args))
+    path = diagnose(args.run, options_from_args(DiagnoseOptions, args))
     d = read_json(path)
     print("routing health:")
     for r in d["routing_health"]:
@@ -39,9 +39,9 @@ def cmd_diagnose(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from ..stages.report import report_run  # lazy: matplotlib
+    from ..stages.report import report  # lazy: matplotlib
 
-    print(f"wrote {report_run(args.run, options_from_args(ReportOptions, args))}")
+    print(f"wrote {report(args.run, options_from_args(ReportOptions, args))}")
     return 0
 
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from ..options import RunOptions
 from ..reading import read_json
 from ..run_folder import RunFolder
-from ..stages.options import RunOptions
 from ..train.log import format_summary
 from .common import examples, retrofit_flags, retrofit_values, training_flags, training_values
 from .options import add_option_flags, options_from_args
@@ -28,12 +28,13 @@ RUN_CONVERTERS = {"data": lambda specs: list(specs) or ["default"]}
 
 
 def cmd_run(args) -> int:
-    from ..pipeline import PipelineConfig, run_pipeline  # lazy: torch
+    from ..research.pipeline import PipelineConfig  # lazy: torch
+    from ..stages.run import RunStageOptions, run  # lazy: torch
 
     config = options_from_args(PipelineConfig, args, RUN_CONVERTERS, overrides=run_overrides(args))
     out = Path(args.resume or args.out or f"runs/run-{time.strftime('%Y%m%d-%H%M%S')}")
     t = time.time()
-    state = run_pipeline(out, config, resume=bool(args.resume))
+    state = read_json(run(out, RunStageOptions(config, resume=bool(args.resume))))
     print(f"\nfinished {len(state['finished'])} stages in {time.time() - t:.0f} s in this process: "
           + ", ".join(f"{k} {v:.0f}s" for k, v in state["timings"].items()))
     if state.get("peak_rss_gib"):  # the process's high-water mark after each stage: where it rose holds the peak

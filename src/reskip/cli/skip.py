@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..calibrate.options import CalibrateOptions
 from ..errors import ReskipError
+from ..research.calibrate.options import CalibrateOptions
 from ..skip.generate_options import GenerateOptions
 from ..skip.spec import parse_spec
 from .common import adapter_flag, examples
@@ -17,10 +17,11 @@ CALIBRATE_CONVERTERS = {"budgets": lambda values: parse_budgets(values)}
 
 
 def cmd_calibrate(args) -> int:
+    from ..research.calibrate.run import format_policy  # lazy: torch
     from ..skip.policy_file import PolicyFile  # lazy: torch
-    from ..stages.calibrate import calibrate_run, format_policy  # lazy: torch
+    from ..stages.calibrate import calibrate  # lazy: torch
 
-    path = calibrate_run(args.adapter, options_from_args(CalibrateOptions, args, CALIBRATE_CONVERTERS))
+    path = calibrate(args.adapter, options_from_args(CalibrateOptions, args, CALIBRATE_CONVERTERS))
     print(format_policy(PolicyFile.load(path)))
     print(f"wrote {path}")
     return 0
@@ -51,7 +52,7 @@ def cmd_generate(args) -> int:
         args.prompt.encode("utf-8")
     except UnicodeEncodeError:
         raise ReskipError("the prompt is not valid UTF-8 text (it holds undecodable bytes); pass it as UTF-8") from None
-    from ..baselines.arms import is_arm  # lazy: torch, PEFT
+    from ..compress.arm import is_arm  # lazy: torch, PEFT
 
     if is_arm(Path(args.adapter)):
         return _generate_arm(Path(args.adapter), args.prompt, o)
@@ -79,7 +80,7 @@ def _generate_arm(run: Path, prompt: str, o: GenerateOptions) -> int:
     """A trained arm as the plain model it exports (a nested arm at `o.depth`): its reply and how many layers ran."""
     import torch  # lazy: torch
 
-    from ..baselines.arms import arm_layers, load_arm_model, read_arm  # lazy: torch, PEFT
+    from ..compress.arm import arm_layers, load_arm_model, read_arm  # lazy: torch, PEFT
     from ..skip.scoring import encode_prompt  # lazy: torch
 
     cfg, arm = read_arm(run)

@@ -61,12 +61,12 @@ def train_config(args) -> TrainConfig:
 
 
 def cmd_train(args) -> int:
-    from ..stages.train import train_run  # lazy: torch
+    from ..stages.train import TrainStageOptions, train  # lazy: torch
 
     cfg = train_config(args)
     cfg.validate()
     out = Path(args.resume or args.out or f"runs/train-{time.strftime('%Y%m%d-%H%M%S')}")
-    summary = train_run(out, cfg, resume=bool(args.resume), show_progress=not args.quiet, overwrite=args.overwrite)
+    summary = train(out, TrainStageOptions(cfg, resume=bool(args.resume), overwrite=args.overwrite, quiet=args.quiet))
     if summary:
         print(format_summary(read_json(summary)))
         print(f"adapter: {RunFolder(out).adapter}   log: {RunFolder(out).train_log}")

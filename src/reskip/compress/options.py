@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config_fields import described
-from ..stages.options import PRESET_HELP, PRESETS, BackboneOptions
+from ..options import PRESET_HELP, PRESETS, BackboneOptions
 
-# `baselines.healing.OBJECTIVES`, named here without importing torch (a test holds the two lists equal)
+# `compress.objectives.OBJECTIVES`, named here without importing torch (a test holds the two lists equal)
 OBJECTIVE_NAMES = ("kd", "rkl", "jsd[:beta]", "ce", "kd+ce")
 
 

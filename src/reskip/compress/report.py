@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 import re
 
-from ..report.tables import markdown_table
+from ..html_tables import markdown_table
 
 STYLE = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;line-height:1.45}"
          "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.25em .6em;text-align:right}"

@@ -22,7 +22,6 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..analysis.statistics import bootstrap_mean
 from ..ar_retrofit.adapter_io import fingerprint
 from ..backbones.devices import device_name, model_device
 from ..backbones.dtypes import resolve_dtype_name
@@ -31,6 +30,7 @@ from ..chat.reply_cache import read_replies, write_replies
 from ..chat.sampling import Sampling, Written, write_all
 from ..chat.template import end_of_turn_ids, prompt_text
 from ..data.packing import IGNORE, Packed
+from ..statistics import bootstrap_mean
 from .generation import first_sentence
 from .loops import loops
 from .methods import evaluate_methods

@@ -27,12 +27,12 @@ from lm_eval.models.huggingface import HFLM  # imports the harness's model table
 # that is not empty is never filled with the harness's own models, so ours must come after them
 from peft import PeftModel
 
-from ..baselines.arms import arm_layers, load_arm_model, read_arm
+from ..compress.arm import arm_layers, load_arm_model, read_arm
 from ..device_names import DEVICE_PATTERN
 from ..errors import ReskipError
+from ..options import DTYPE_NAMES
 from ..skip.inference_run import open_run
 from ..skip.spec import parse_spec
-from ..stages.options import DTYPE_NAMES
 
 
 def _whole(name: str, value, low: int) -> int | None:

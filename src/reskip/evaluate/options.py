@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config_fields import described
+from ..options import StageOptions
 from ..skip.spec import METHOD_GRAMMAR, METHOD_KINDS, Spec, parse_specs
-from ..stages.options import StageOptions
 
 # The budgeted frontier (when the policy file has one) and the source design's quantile rule at about one
 # block per step, each with static, influence and random at its measured mean skips.

@@ -23,12 +23,12 @@ from transformers import AutoModelForCausalLM
 from ..backbones.devices import model_device
 from ..backbones.dtypes import resolve_dtype
 from ..backbones.loading import load_backbone
-from ..baselines.arms import arm_layers, load_arm_model, read_arm
-from ..baselines.pruning import BlockCosts, backbone_block_costs, prune
+from ..compress.arm import arm_layers, load_arm_model, read_arm
+from ..compress.blocks import BlockCosts, backbone_block_costs, prune
+from ..compress.export import read_record
 from ..data.packing import Packed
 from ..errors import ReskipError
 from ..skip.spec import KINDS, Spec
-from ..stages.export import read_record
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config_fields import described
-from ..stages.options import BackboneOptions
+from ..options import BackboneOptions
 from .spec import GRAMMAR
 
 

@@ -1,17 +1,13 @@
-"""The stages, one module each: what a command runs on a run folder and writes into it, with typed options in and
-files out (the pipeline and the CLI call these, nothing else).
+"""The top floor under the command line: one module per command, each one function of the same shape,
+`<command>(run, options) -> Path | None`: the folder it reads or writes (None where the options name it) and its
+typed options in, the main file it wrote out. Each calls the library below it; no library module imports this
+package, and importing it loads nothing (each stage imports what it needs when called).
 
-- `options`: the options every stage shares (the backbone's fields, the presets) and `reskip run`'s;
-- `inputs`: the preamble every stage after training runs (the run opened, the data read, the splits checked);
-- `parity`: the retrofit at its identity against the backbone, to the bit;
-- `train`: the one training loop's entry, for any trainee (the retrofit's side-channel, a LoRA arm);
-- `calibrate`: thresholds and budgets from the calibration split;
-- `evaluate`: every method against the backbone (perplexity, KL, top-1 agreement, compute spent);
-- `diagnose`: the routing's health, the signal test, the memory table;
-- `report`: the HTML page that reads the files the others wrote;
-- `export`: a trained arm as a plain Hugging Face folder;
-- `compress`: a user's model to a smaller one, healed, exported and measured, in one command;
-- `experiment`: the experiments' arms and their tables.
-
-Importing the package loads nothing: each stage imports what it needs.
+- `compress`: the product: a user's model to a smaller one, healed toward it, exported and measured;
+- `export`: a healed arm as a plain Hugging Face folder;
+- `generate`: a reply from any kind of the one table (a run under a skip policy, a healed arm, an exported folder,
+  the backbone with blocks removed);
+- `evaluate`: every method against the backbone;
+- `train`, `parity`, `calibrate`, `diagnose`, `report`, `run`, `experiment`: the source design's pipeline and its
+  experiments (the research layer, `reskip.research`).
 """

@@ -9,7 +9,7 @@ interface is the model: one shape, several recipes):
 
 A *recipe* makes a trainee from the loaded backbone and says what identifies its runs (what config.yaml holds).
 Two recipes: the retrofit (`RetrofitRecipe`: the side-channel, the source design's three-term objective) and a LoRA
-on the frozen backbone, with or without layers removed (`baselines.lora_trainee.LoraRecipe`: healing by `ce`, `kd`,
+on the frozen backbone, with or without layers removed (`compress.trainee.LoraRecipe`: healing by `ce`, `kd`,
 `kd+ce`). A new trained method adds a recipe (and its row in `skip.spec.KINDS`).
 """
 

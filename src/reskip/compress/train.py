@@ -1,0 +1,38 @@
+"""Training a baseline arm: a parameter-matched LoRA on the frozen backbone, or on the backbone with its cheapest
+blocks removed (healed static pruning), healed by `ce`, `kd` or `kd+ce` (`compress.objectives`). The training itself is
+the one loop's (`stages.train.train_run` with `lora_trainee.LoraRecipe`); this module is what `reskip experiment
+baselines` asks of an arm's folder: train it, resume it when it stopped, read it back when it is finished."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from ..backbones.dtypes import resolve_dtype_name
+from ..errors import ReskipError
+from ..reading import read_json
+from ..run_folder import RunFolder
+from ..train.checkpoint import latest_checkpoint
+from ..train.run import train_run
+from ..train_config import TrainConfig
+from .arm import LoraArm
+from .trainee import LoraRecipe
+
+
+def train_lora(cfg: TrainConfig, arm: LoraArm, run_dir: Path, show_progress: bool = True) -> dict:
+    """Train the arm into `run_dir`; a finished run with the same config is returned as it is, a stopped one
+    resumed from its newest checkpoint. Returns summary.json's content."""
+    files = RunFolder(run_dir)
+    cfg = dataclasses.replace(cfg, dtype=resolve_dtype_name(cfg.dtype))
+    recipe = LoraRecipe(arm)
+    if files.config.is_file():
+        recorded = recipe.recorded_identity(files.config)
+        recorded["dtype"] = resolve_dtype_name(recorded["dtype"])
+        if recorded != recipe.identity(cfg):
+            raise ReskipError(f"{files.root} holds a baseline run of other settings (its config.yaml differs): "
+                              "choose another folder or remove it")
+        if files.summary.is_file() and (files.adapter / "adapter_model.safetensors").is_file():
+            return read_json(files.summary)
+    resume = latest_checkpoint(files.root) is not None
+    train_run(files.root, cfg, resume=resume, show_progress=show_progress, overwrite=not resume, recipe=recipe)
+    return read_json(files.summary)
