@@ -109,6 +109,9 @@ def test_compress_heals_on_the_models_own_conversations_and_reads_its_chat_repli
     assert chat["prompts"] == 6 and chat["methods"]["backbone"]["kl"]["mean"] == 0
     assert chat["methods"]["compressed"]["kl"]["mean"] > 0 and len(chat["methods"]["compressed"]["replies"]) == 6
     assert "Does it answer as the original does?" in (out / "report.md").read_text()
+    card = (out / "model" / "README.md").read_text()  # the model card users receive with the folder
+    assert card.startswith("---\nbase_model: ") and "held-out chat prompts" in card and "reskip compress" in card
+    assert json.loads((out / "model" / "reskip.json").read_text())["dtype"] == "float32"  # the tiny original's
     # resumed: the conversations are read back, not written again
     batches = (out / "self-data" / "batches.jsonl").read_bytes()
     (out / "report.json").unlink()

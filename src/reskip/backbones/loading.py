@@ -44,6 +44,8 @@ class PackagedBackbone:
     sha256: str
     gguf_name: str
     locate: Callable[["PackagedBackbone"], Path]  # -> path of the verified GGUF file
+    hub_id: str = ""  # the model the GGUF was made from, as its publisher names it (a model card's base_model)
+    dtype: str = "bfloat16"  # the dtype its publisher ships its weights in (what an export is written in)
 
     def gguf_path(self) -> Path:
         path = self.locate(self)
@@ -104,6 +106,7 @@ PACKAGED = {
             "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
             "SmolLM2-135M-Instruct.Q4_1.gguf",
             _locate_smollm2,
+            "HuggingFaceTB/SmolLM2-135M-Instruct",
         ),
         PackagedBackbone(
             "gemma3-270m",
@@ -111,6 +114,7 @@ PACKAGED = {
             "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
             "gemma-3-270m-q4_k_m.gguf",
             _locate_gemma3,
+            "google/gemma-3-270m",
         ),
         PackagedBackbone(
             "qwen2.5-coder-0.5b-instruct",
@@ -119,6 +123,7 @@ PACKAGED = {
             "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
             "qwen2.5-coder-0.5b-instruct.gguf",
             _locate_qwen_coder,
+            "Qwen/Qwen2.5-Coder-0.5B-Instruct",
         ),
     )
 }
@@ -172,6 +177,20 @@ def resolve(name: str | None) -> tuple[str, Path | str, str | None]:
     if path.exists():
         return name, path, None
     return name, name, None
+
+
+def published(name: str | None, trust_remote_code: bool = False) -> tuple[str, str]:
+    """(the model's name as its publisher gives it, the dtype its weights are published in) without loading weights:
+    a packaged backbone's record (its GGUF is quantized; its publisher's weights are bfloat16), else the name and its
+    config's `dtype` (float32 where the config says none)."""
+    key = DEFAULT_BACKBONE if name is None or name.lower() in ("default", DEFAULT_BACKBONE) else name.lower()
+    if key in PACKAGED:
+        return PACKAGED[key].hub_id or key, PACKAGED[key].dtype
+    display = name
+    config = load_config(name, trust_remote_code)
+    dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    dtype = str(dtype).removeprefix("torch.") if dtype is not None else "float32"
+    return display, dtype if dtype in ("float32", "bfloat16", "float16") else "float32"
 
 
 def load_config(name: str | None, trust_remote_code: bool = False):

@@ -1,6 +1,10 @@
-"""A trained baseline as a plain Hugging Face model: the pruned layers gone, the LoRA merged into the weights,
-the config saying how many layers are left. It loads with `AutoModelForCausalLM.from_pretrained(folder)` anywhere
-(no reskip, no PEFT) and runs at the real speed of its smaller depth.
+"""A healed arm as a plain Hugging Face model, as users receive a model: the pruned layers gone, the LoRA merged into
+the weights (in float32, then written in the dtype the original is published in: bfloat16 for the bundled
+SmolLM2-135M-Instruct, whose publisher ships bfloat16 weights; a float32 copy would be twice the bytes and hold
+nothing more, the original itself computing in bfloat16), the config saying how many layers are left, and a model
+card (`README.md`: `base_model`, the layers removed, the healing's data and tokens, the fidelity measured, the
+command). It loads with `AutoModelForCausalLM.from_pretrained(folder)` anywhere (no reskip, no PEFT) and runs at the
+real speed of its smaller depth; its files get the user's umask.
 
 Beside the model's own files the folder holds `reskip.json`, its record: the backbone it came from, the layers and
 blocks removed, how it was healed. No loader needs it; `reskip eval --methods export:DIR` reads it to score the
@@ -11,14 +15,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
 from peft import PeftModel
 
+from ..backbones.loading import published
 from ..errors import ReskipError
 from ..io_atomic import atomic_folder
 from ..reading import read_json
 from .arm import arm_layers, load_arm_model, read_arm
 
-RECORD = "reskip.json"
+RECORD, CARD = "reskip.json", "README.md"
 
 
 def check_out(run_dir: Path, out: Path) -> None:
@@ -37,16 +43,20 @@ def check_out(run_dir: Path, out: Path) -> None:
                           "nothing was touched")
 
 
-def export_run(run_dir: Path, out: Path, dtype: str = "float32", trust_remote_code: bool = False,
-               depth: int | None = None) -> Path:
-    """Write the run's merged model, its tokenizer and its record to `out` (a folder written whole or not at all;
-    an earlier export there is replaced, anything else refused: `check_out`). A nested-depths arm is written at
-    `depth` (which it needs; 0: the backbone itself)."""
+def export_run(run_dir: Path, out: Path, dtype: str = "auto", trust_remote_code: bool = False,
+               depth: int | None = None, command: str | None = None) -> Path:
+    """Write the run's merged model, its tokenizer, its record and its model card to `out` (a folder written whole
+    or not at all; an earlier export there is replaced, anything else refused: `check_out`). A nested-depths arm is
+    written at `depth` (which it needs; 0: the backbone itself). dtype: auto (the original's published dtype),
+    float32 or bfloat16. `command`: what made it, for the card (default: the `reskip export` that does)."""
     cfg, arm = read_arm(run_dir)  # not a baseline run: one clear error before the model loads
     drop = arm_layers(arm, run_dir, depth)  # a depth the arm does not serve: refused here too
     check_out(run_dir, out)
-    model, tokenizer = load_arm_model(run_dir, dtype, trust_remote_code=trust_remote_code, depth=depth)
+    base_model, published_dtype = published(cfg.model, trust_remote_code)
+    dtype = published_dtype if dtype == "auto" else dtype
+    model, tokenizer = load_arm_model(run_dir, "float32", trust_remote_code=trust_remote_code, depth=depth)
     merged = model.merge_and_unload() if isinstance(model, PeftModel) else model  # nested depth 0: no LoRA
+    merged = merged.to(getattr(torch, dtype))  # merged in float32, then rounded once
     n_layers = merged.config.num_hidden_layers + len(drop)
     # a GGUF-loaded backbone keeps its quantizer's record; the merged weights are plain tensors
     merged.hf_quantizer = None
@@ -59,12 +69,14 @@ def export_run(run_dir: Path, out: Path, dtype: str = "float32", trust_remote_co
                           "steps": cfg.steps, "tokens": cfg.steps * cfg.batch_size * cfg.seq_len, "lr": cfg.lr,
                           "data": list(cfg.data),
                           **({"nested_blocks": arm.nested_blocks, "depth": depth} if arm.nested else {})},
-              "dtype": dtype}
+              "dtype": dtype, "base_model": base_model}
+    command = command or f"reskip export {run_dir} --out {out}"
 
     def write(tmp: Path) -> None:
         merged.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / RECORD).write_text(json.dumps(record, indent=2))
+        (tmp / CARD).write_text(model_card(record, command))
 
     return atomic_folder(Path(out), write)
 
@@ -82,3 +94,27 @@ def read_record(folder: Path) -> dict:
         raise ReskipError(f"{path}: backbone_layers, drop_layers and drop_blocks are missing or not numbers: restore "
                           "it, or export the arm again")
     return record
+
+
+def model_card(record: dict, command: str, fidelity: list[str] | None = None) -> str:
+    """The exported folder's README.md: a Hugging Face model card (its YAML header names `base_model`) saying what
+    was removed, how the rest was healed and on what, what was measured (`fidelity`: the report's lines, when
+    measured) and the command that made it."""
+    h = record["healing"]
+    base = record.get("base_model") or record.get("backbone") or "smollm2-135m-instruct"  # exports before the card
+    layers = record["backbone_layers"]
+    kept = layers - len(record["drop_layers"])
+    head = ["---", f"base_model: {base}", "library_name: transformers", "tags:", "- reskip",
+            "- pruned", "- distillation", "---", ""]
+    body = [f"# {base}, {layers} -> {kept} layers", "",
+            f"Made by reskip from `{base}`: decoder layers "
+            f"{', '.join(map(str, record['drop_layers']))} (blocks {record['drop_blocks']}) removed, the rest healed by "
+            f"a LoRA of {h['lora_parameters']:,} parameters trained by `{h['objective']}` toward the original on "
+            f"{h['tokens']:,} tokens ({h['steps']} steps) of {', '.join(Path(d).name for d in h['data'])}, then merged. "
+            f"Weights in {record.get('dtype', 'float32')}. It loads with `AutoModelForCausalLM.from_pretrained` and needs nothing "
+            "else.", ""]
+    body += ["## How close it stays to the original", "", *(fidelity or [
+        "Not measured here: `reskip compress` measures it (its report.md), or score this folder with "
+        "`reskip eval RUN --methods export:THIS_FOLDER`."]), ""]
+    body += ["## Made with", "", f"`{command}`", ""]
+    return "\n".join(head + body)

@@ -11,7 +11,9 @@ from ..config_fields import described
 class ExportOptions:
     out: str | None = described(None, "the folder to write: new, empty, or an earlier export (replaced whole); any "
                                       "other folder is refused untouched", required=True)
-    dtype: str = described("float32", "the exported weights' dtype", choices=("float32", "bfloat16"))
+    dtype: str = described("auto", "the exported weights' dtype: auto is the dtype the original is published in "
+                                   "(bfloat16 for the packaged backbones, the config's for a folder); the LoRA is "
+                                   "merged in float32 first", choices=("auto", "float32", "bfloat16"))
     trust_remote_code: bool = described(False, "allow the backbone's own Python code to run (never taken from the "
                                                "arm's config.yaml)")
     depth: int | None = described(None, "a nested-depths arm: the depth to write (its first K blocks removed; 0: the "

@@ -188,3 +188,19 @@ def html_page(md: str) -> str:
     title = html.escape(md.splitlines()[0].lstrip("# ")) if md else "reskip compress"
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title><style>{STYLE}</style></head>"
             f"<body data-status='rendered'>{''.join(parts)}</body></html>\n")
+
+
+def card_lines(r: dict) -> list[str]:
+    """What the exported model's card says of its fidelity: the chat verdict's figures and the raw-text table."""
+    m, lines = r["measured"], []
+    if "chat" in m:
+        c, n = m["chat"]["methods"]["compressed"], m["chat"]["prompts"]
+        lines += [f"On {n} held-out chat prompts, answering greedily: the original's first sentence on "
+                  f"{_share(c['same_sentence'], n)}, its first 32 tokens on {_share(c['first32'], n)}, a loop the "
+                  f"original does not have on {_share(c['new_loop'], n)}; per reply token KL {c['kl']['mean']:.3f} "
+                  f"to the original, top-1 agreement {c['top1']['mean']:.3f}.", ""]
+    lines += ["| text | KL to the original | top-1 agreement | perplexity / original's |", "| --- | --- | --- | --- |"]
+    lines += [f"| {name}{' (held out)' if name != 'test' else ''} | {s['compressed']['kl_to_backbone']:.4f} | "
+              f"{s['compressed']['top1_agreement']:.4f} | {s['compressed']['ppl_ratio']:.3f} |"
+              for name, s in m["splits"].items()]
+    return lines

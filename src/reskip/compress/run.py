@@ -40,11 +40,11 @@ from ..train_config import TrainConfig
 from . import healing_data
 from .arm import LoraArm
 from .blocks import BlockCosts, backbone_block_costs
-from .export import RECORD, export_run
+from .export import CARD, RECORD, export_run, model_card, read_record
 from .measure import measure
 from .objectives import parse_objective
 from .options import CompressOptions
-from .report import html_page, markdown
+from .report import card_lines, html_page, markdown
 from .speed import compare_speed
 from .train import train_lora
 
@@ -89,7 +89,8 @@ def _check_blocks(o: CompressOptions, blocks: list[range]) -> None:
     middle = len(blocks) - 2
     if middle < 1:
         raise ReskipError(f"the model's {sum(len(b) for b in blocks)} layers make {len(blocks)} blocks of "
-                          f"{o.block_size}: none between the first and the last to remove; use a smaller --block-size")
+                          f"{o.block_size} and 0 middle blocks (the first and last are kept): nothing to remove; use "
+                          "a smaller --block-size")
     if o.drop is not None and o.drop > middle:
         raise ReskipError(f"--drop {o.drop}: the model has {middle} middle blocks of {o.block_size} layers (the first "
                           "and last are kept)")
@@ -264,7 +265,7 @@ def compress(o: CompressOptions, show=print) -> Path:
         summary = train_lora(cfg, arm, out / HEAL, show_progress=not o.quiet)
         if not (out / MODEL / RECORD).is_file():
             show(f"[compress] 4/5 export: {out / MODEL}")
-            export_run(out / HEAL, out / MODEL, trust_remote_code=o.trust_remote_code)
+            export_run(out / HEAL, out / MODEL, trust_remote_code=o.trust_remote_code, command=command_line(o))
         show("[compress] 5/5 measure: the compressed model beside the original")
         report = {"command": command_line(o), "settings": p.identity,
                   "blocks": {**costs.to_dict(), "chosen_by": "named" if o.blocks else o.choose, "removed": blocks,
@@ -282,6 +283,7 @@ def compress(o: CompressOptions, show=print) -> Path:
         atomic_write_json(out / REPORT_JSON, report)
         atomic_write_text(out / REPORT_MD, markdown(report))
         atomic_write_text(out / REPORT_HTML, html_page(markdown(report)))
+        atomic_write_text(out / MODEL / CARD, model_card(read_record(out / MODEL), command_line(o), card_lines(report)))
     return out / REPORT_JSON
 
 

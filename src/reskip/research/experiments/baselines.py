@@ -117,8 +117,12 @@ def run(options: ExperimentOptions, folder: Path, show=print) -> dict | None:
     if options.lrs is not None and not all(math.isfinite(lr) and lr > 0 for lr in options.lrs):
         raise ReskipError(f"--lrs: every learning rate must be a finite number > 0, got {options.lrs}")
     for h in options.heal:
-        if parse_objective(h).text != h:
-            raise ReskipError(f"--heal {h}: write it as {parse_objective(h).text}")
+        try:
+            text = parse_objective(h).text
+        except ReskipError as e:
+            raise ReskipError(f"--heal: no objective {h!r}; {e}") from None
+        if text != h:
+            raise ReskipError(f"--heal {h}: write it as {text}")
     table = {**sweep_methods(options.heal), **{v: RECIPE_VARIANTS[v] for v in _variants(options.variants)}}
     methods = tuple(table)
     chosen = _chosen_arms(options.arms, methods)
