@@ -85,14 +85,18 @@ OBJECTIVES = {
     "kd+ce": ("the forward KL and cross-entropy, each normalised by its own count",
               _no_option("kd+ce", HealingLoss("kd+ce", forward_kl, True, "kl"))),
 }
-OBJECTIVE_HELP = "; ".join(f"{name}: {what}" for name, (what, _) in OBJECTIVES.items())
+
+
+def objective_help() -> str:
+    """Every objective of the table and what it is (the CLI's errors and the docs read it)."""
+    return "; ".join(f"{name}: {what}" for name, (what, _) in OBJECTIVES.items())
 
 
 def parse_objective(text: str) -> HealingLoss:
     """`name` or `name:option` -> its loss object; one clear error for a name or option the table does not have."""
     name, _, option = str(text).partition(":")
     if name not in OBJECTIVES:
-        raise ReskipError(f"healing objective {text!r}: one of {', '.join(OBJECTIVES)} ({OBJECTIVE_HELP})")
+        raise ReskipError(f"healing objective {text!r}: one of {', '.join(OBJECTIVES)} ({objective_help()})")
     return OBJECTIVES[name][1](option or None)
 
 
