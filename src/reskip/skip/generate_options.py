@@ -13,7 +13,8 @@ from .spec import GRAMMAR
 class GenerateOptions(BackboneOptions):
     model: str | None = described(None, "the backbone (None: the run's, else the bundled SmolLM2-135M-Instruct)")
     policy: str = described("reskip", f"the skip policy: {GRAMMAR}, or a policy.json (a retrofit run's; a trained "
-                                      "arm has none)")
+                                      "arm or an exported folder has none); or a model of its own opened from the "
+                                      "run's backbone: pruned:K, export:DIR, lora:RUN, healed:RUN, nested:K:RUN")
     depth: int | None = described(None, "RUN is a trained arm (`reskip experiment baselines`, `nested`): serve it as "
                                         "its plain model; a nested arm at this depth (its first K blocks removed, 0: "
                                         "the backbone itself)", low=0)
@@ -25,3 +26,4 @@ class GenerateOptions(BackboneOptions):
                                   "probability (1: every token; > 0)", low=0.0, high=1.0)
     seed: int = described(0, "the seed of sampling and of random skipping")
     raw: bool = described(False, "do not apply the chat template")
+    prompt: str = described("", "the text to answer (the command line's positional argument)")
