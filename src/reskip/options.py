@@ -11,6 +11,11 @@ from .config_fields import described
 from .device_names import DEVICE_HELP, DEVICE_PATTERN
 from .train_config import RECIPE_RETROFIT, TrainConfig
 
+# A block is eligible for skipping when its ablation cost A(n) < 1 + DELTA: 1.0 admits every block whose skipping at
+# most doubles perplexity (the main job's calibration, and `reskip calibrate`'s)
+DELTA = 1.0
+# The held-out source of every figure (`data.heldout`: the King James Bible), text no stage trains or calibrates on
+HELDOUT = "kjv"
 # `backbones.dtypes` resolves these (auto: bfloat16 where the hardware computes it fast, float32 elsewhere)
 DTYPE_NAMES = ("auto", "float32", "bfloat16")
 DTYPE_HELP = ("the backbone's compute dtype: auto is bfloat16 on CUDA and on CPUs with AMX or AVX512-BF16, "
@@ -81,7 +86,7 @@ class RunOptions(BackboneOptions):
                                                                           "bundled mix)")
     overrides: dict = described(default_factory=dict, help="training values over the preset's (TrainConfig keys; "
                                                            "block_size, rank, boundaries, ... set the retrofit)")
-    delta: float = described(1.0, "calibration: a block is eligible for skipping when its ablation cost A(n) "
+    delta: float = described(DELTA, "calibration: a block is eligible for skipping when its ablation cost A(n) "
                                   "(perplexity with the block skipped / without) < 1 + delta; 1.0 admits every block "
                                   "whose skipping at most doubles perplexity", low=0.0)
 

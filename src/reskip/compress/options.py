@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config_fields import described
-from ..options import PRESET_HELP, PRESETS, BackboneOptions
+from ..options import HELDOUT, PRESET_HELP, PRESETS, BackboneOptions
 
 # `compress.objectives.OBJECTIVES`, named here without importing torch (a test holds the two lists equal)
 OBJECTIVE_NAMES = ("kd", "rkl", "jsd[:beta]", "ce", "kd+ce")
@@ -64,7 +64,7 @@ class CompressOptions(BackboneOptions):
     full_layers: int = described(0, "kept layers next to the cut trained in full, with the final norm (their "
                                     "learning rate a tenth of --lr), beside the LoRA on the other layers (0: the "
                                     "LoRA only)", low=0)
-    heldout: list[str] = described(default_factory=lambda: ["kjv"],
+    heldout: list[str] = described(default_factory=lambda: [HELDOUT],
                                    help="text no stage saw, where the report measures too (empty: none)")
     sequences: int = described(16, "test (and held-out) sequences the report scores, of the healing's length (256 "
                                    "tokens at the standard preset)", low=1)

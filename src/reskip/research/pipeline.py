@@ -16,6 +16,7 @@ from pathlib import Path
 from ..backbones.devices import device_name
 from ..backbones.dtypes import describe, resolve_dtype_name
 from ..config_fields import check_fields
+from ..data.heldout import HELDOUT_SOURCES
 from ..data.sources import load_splits
 from ..errors import ReskipError
 from ..evaluate.options import EvalOptions
@@ -42,7 +43,6 @@ from .parity import parity_run
 from .report.options import DiagnoseOptions
 from .report.page import report_run
 
-HELDOUT = ("kjv",)  # `reskip.data.heldout`: a source no stage trains or calibrates on
 MC_METHODS = ("backbone", "retrofit", "reskip:budget=1")
 STAGES = ("parity", "train", "calibrate", "eval", "diagnose", "report")
 RETROFIT_KEYS = ("block_size", "rank", "boundaries", "skip_path", "shortcut_rank", "variant")
@@ -74,7 +74,7 @@ class PipelineConfig(RunOptions):
     def eval_options(self) -> EvalOptions:
         # The budgeted policy is the run's ReSkip (calibrate stores the frontier); every method is
         # also measured on the held-out source, with the thresholds calibrated on the run's data.
-        heldout = [s for s in HELDOUT if s not in self.data]
+        heldout = [s for s in HELDOUT_SOURCES if s not in self.data]
         return EvalOptions(quiet=True, **self.backbone(),
                            mc_methods=parse_specs(list(MC_METHODS), METHOD_KINDS), heldout=heldout or None,
                            calib_sequences=PRESETS[self.preset]["calibrate"]["sequences"], **PRESETS[self.preset]["eval"])

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...config_fields import described
-from ...options import StageOptions
+from ...options import DELTA, StageOptions
 
 DEFAULT_BUDGETS = (0.5, 1.0, 1.5, 2.0, 3.0)  # blocks skipped per step, on average
 
@@ -16,7 +16,8 @@ class CalibrateOptions(StageOptions):
     data: list[str] | None = described(None, "data specs (None: the run's own); the calibration split is used")
     sequences: int = described(32, "calibration sequences", low=1)
     out: str | None = described(None, "the policy file (None: RUN/policy.json)")
-    delta: float = described(0.2, "a block is eligible when its ablation cost A(n) < 1 + delta", low=0.0)
+    delta: float = described(DELTA, "a block is eligible when its ablation cost A(n) < 1 + delta (1.0: every block "
+                                    "whose skipping at most doubles perplexity)", low=0.0)
     quantile: float = described(0.5, "tau_n = this quantile of w_recent(n) on the calibration split", low=0.0,
                                 high=1.0)
     window: int = described(1, "W: tokens in w_recent, the window mean of the routing weight", low=1)

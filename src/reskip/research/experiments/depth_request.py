@@ -33,7 +33,7 @@ from ...data.sources import load_splits
 from ...errors import ReskipError
 from ...evaluate.generation import PROMPTS, agreement, greedy_continuations, prompt_ids
 from ...losses import ce_tokens, kl_sum
-from ...options import PRESETS
+from ...options import HELDOUT, PRESETS
 from ...reading import read_json
 from ...statistics import bootstrap_mean_difference
 from .baselines import arm_name, arm_slug
@@ -43,7 +43,6 @@ from .record import claim, interval_text
 PROMPT_SHARE = 4  # each scored sequence's first quarter is its prompt (64 tokens of the standard 256)
 SIGNALS = ("prompt_nll", "prompt_entropy", "prompt_gap")
 TARGETS = (0.5, 1.0, 1.5, 2.0, 2.5)  # mean blocks removed per request
-HELDOUT = "kjv"
 SPLITS = ("val", "test", HELDOUT)
 
 

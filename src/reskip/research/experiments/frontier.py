@@ -22,6 +22,7 @@ from ...backbones.loading import DEFAULT_BACKBONE
 from ...errors import ReskipError
 from ...evaluate.run import evaluate_run
 from ...io_atomic import atomic_write
+from ...options import HELDOUT
 from ...reading import read_json
 from ...run_folder import RunFolder
 from ...skip.policy_file import PolicyFile
@@ -36,7 +37,6 @@ from .record import claim, interval_text
 from .static_mixture import backbone_row, minus_mixture, mixture, same_sequences
 
 BUDGETS = (0.5, 1.0, 1.5, 2.0)
-HELDOUT = "kjv"
 SPLITS = ("test", HELDOUT)
 FIELDS = ("flops_executed_share", "kl_to_backbone", "top1_agreement", "ppl_ratio", "mean_skipped")
 

@@ -26,6 +26,7 @@ from ...backbones.loading import load_config
 from ...compress.arm import LoraArm
 from ...compress.blocks import BlockCosts
 from ...compress.train import train_lora
+from ...data.heldout import HELDOUT_SOURCES
 from ...errors import ReskipError
 from ...evaluate.against_backbone import Reference
 from ...options import PRESETS
@@ -38,7 +39,6 @@ from .options import ExperimentOptions
 from .record import claim, interval_text
 
 RANK_BY = "kl"  # the nested order: the middle blocks by KL(backbone || the block removed), cheapest first
-HELDOUT = ("kjv",)
 WITHIN = 0.10  # the target: the nested model's KL within 10% of the separately healed model's at each depth
 
 
@@ -134,7 +134,7 @@ def _measure(pc: PipelineConfig, seq_len: int, depths: int, where: dict[str, Pat
     specs.update({f"kd-{k}": Spec("healed", f"kd-{k}", run=str(where[f"kd-{k}"])) for k in range(1, depths + 1)})
     methods = ref.methods(specs)
     n = PRESETS[pc.preset]["eval"]["sequences"]
-    scored = ref.score(methods, {"test": list(cfg.data), **{h: [h] for h in HELDOUT}}, n, seq_len,
+    scored = ref.score(methods, {"test": list(cfg.data), **{h: [h] for h in HELDOUT_SOURCES}}, n, seq_len,
                        lambda line: show(f"[experiment nested] {line}"))
     rows = {split: {name: {k: r[k] for k in ("kind", "arguments", "ppl_ratio", "kl_to_backbone", "top1_agreement",
                                              "flops_executed_share", "mean_skipped", "per_sequence")}

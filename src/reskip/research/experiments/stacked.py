@@ -30,6 +30,7 @@ from ...backbones.loading import DEFAULT_BACKBONE
 from ...compress.export import RECORD, export_run
 from ...errors import ReskipError
 from ...evaluate.run import evaluate_run
+from ...options import HELDOUT
 from ...reading import read_json
 from ...run_folder import RunFolder
 from ...skip.policy_file import PolicyFile
@@ -45,7 +46,6 @@ from .record import claim, interval_text
 from .static_mixture import minus_mixture, mixture, same_sequences
 
 BUDGETS = (0.25, 0.5, 0.75)  # blocks of the healed model per step: between the static points
-HELDOUT = "kjv"
 
 
 def run(options: ExperimentOptions, folder: Path, show=print) -> dict:
