@@ -59,6 +59,8 @@ class BackboneOptions:
     dtype: str = described("auto", DTYPE_HELP, choices=DTYPE_NAMES)
     device: str = described("auto", DEVICE_HELP, pattern=DEVICE_PATTERN)
     trust_remote_code: bool = described(False, "allow the model's own Python code to run")
+    threads: int | None = described(None, "CPU threads torch computes with (None: torch's own choice, every core it "
+                                          "sees); 1 where other jobs share the cores", low=1, high=4096)
 
 
 @dataclass

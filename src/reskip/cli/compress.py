@@ -26,7 +26,7 @@ def cmd_compress(args) -> int:
 def register(sub) -> None:
     p = sub.add_parser("compress", help="a smaller plain Hugging Face model from yours: the cheapest blocks of layers "
                                         "removed, the rest healed by distillation from your model, exported, and "
-                                        "measured beside it (fidelity, perplexity, MMLU, speed)",
+                                        "measured beside it (its chat replies, raw-text fidelity, speed)",
                        **examples("compress"))
     add_option_flags(p, CompressOptions, converters=CONVERTERS)
     p.set_defaults(func=cmd_compress)

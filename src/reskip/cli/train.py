@@ -73,6 +73,14 @@ def cmd_train(args) -> int:
     return 0
 
 
+def threads_count(text: str) -> int:
+    """--threads N: a whole number >= 1 (argparse reports anything else in one line)."""
+    n = int(text)
+    if n < 1:
+        raise ValueError(text)
+    return n
+
+
 def register(sub) -> None:
     p = sub.add_parser("train", help="train the side-channel (three-term loss) on a frozen backbone",
                        **examples("train"))
@@ -83,6 +91,9 @@ def register(sub) -> None:
     p.add_argument("--overwrite", action="store_true",
                    help="train into --out even if it holds another run (its checkpoints, adapter and log are removed)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--threads", type=threads_count, default=None,
+                   help="CPU threads torch computes with (default: torch's own choice, every core it sees); 1 where "
+                        "other jobs share the cores")
     add_option_flags(p, TrainConfig, skip=("retrofit",), converters=CONVERTERS, config_file=False)
     retrofit_flags(p)
     p.set_defaults(func=cmd_train)
