@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 import torch
@@ -23,6 +24,7 @@ from transformers import DynamicCache
 
 from reskip import compat, load_backbone
 from reskip.backbones.dtypes import resolve_dtype_name
+from reskip.machine_load import load_average, load_report
 
 
 def pass_kinds(model, ids: torch.Tensor, step: int) -> dict:
@@ -68,6 +70,7 @@ def main(argv=None):
     ap.add_argument("--step", type=int, default=32, help="tokens per step of the cached passes")
     ap.add_argument("--repeats", type=int, default=4)
     args = ap.parse_args(argv)
+    load_before = load_average()
     dtype = resolve_dtype_name(args.dtype)
     # Generous: each layer and each cache length is a guard of its own; the default limit falls back to eager.
     torch._dynamo.config.cache_size_limit = 256
@@ -90,6 +93,9 @@ def main(argv=None):
     for mode in ("layers_compiled", "body_compiled"):
         for kind in ("whole", "steps"):
             result[f"{mode}_{kind}_speedup"] = round(result["eager"][kind]["min_s"] / result[mode][kind]["min_s"], 3)
+    result["load"] = load_report(load_before, load_average(), torch.get_num_threads())
+    if result["load"]["note"]:
+        print(f"note: {result['load']['note']}", file=sys.stderr)
     print(json.dumps(result))
 
 

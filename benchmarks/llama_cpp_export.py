@@ -32,6 +32,8 @@ import sys
 import time
 from pathlib import Path
 
+from reskip.machine_load import load_average, load_report, spread
+
 
 def convert(llama_cpp: Path, folder: Path, out: Path, outtype: str) -> Path:
     """A plain Hugging Face folder -> one GGUF file, by llama.cpp's converter (its own gguf-py on the path)."""
@@ -121,6 +123,7 @@ def main() -> None:
     p.add_argument("--work", default="runs/llama-cpp", help="where the GGUF files and the logits go")
     p.add_argument("--out", default=None)
     a = p.parse_args()
+    load_before = load_average()
     from reskip.backbones.loading import resolve
 
     llama_cpp, work = Path(a.llama_cpp), Path(a.work)
@@ -147,7 +150,12 @@ def main() -> None:
               "original": str(original), "compressed": a.compressed,
               "gguf_bytes": {n: g.stat().st_size for n, g in ggufs.items()}, "tokens_per_s": speed,
               "speedup": {k: speed["compressed"][k] / speed["original"][k] for k in speed["original"]},
+              "speedup_rounds": {k: spread([c[k] / o[k] for o, c in zip(rounds["original"], rounds["compressed"])])
+                                 for k in speed["original"]},
               "heldout": a.heldout, "ctx": a.ctx, "chunks": a.chunks, "kl": kld, "wall_s": time.perf_counter() - t0}
+    result["load"] = load_report(load_before, load_average(), a.threads)
+    if result["load"]["note"]:
+        print(f"note: {result['load']['note']}", file=sys.stderr)
     line = json.dumps(result)
     print(line)
     if a.out:

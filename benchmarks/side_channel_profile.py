@@ -25,6 +25,7 @@ from reskip import RetrofitConfig, retrofit
 from reskip.backbones.architectures import architecture_config
 from reskip.backbones.dtypes import resolve_dtype_name
 from reskip.compat import cache_kwarg
+from reskip.machine_load import load_average, load_report
 from reskip.skip.inference_run import open_run
 from reskip.skip.policies import NoSkip
 from reskip.train.objective import RetrofitObjective
@@ -106,6 +107,7 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--top", type=int, default=12)
     args = ap.parse_args(argv)
+    load_before = load_average()
     dtype = resolve_dtype_name(args.dtype)
     if args.adapter:
         rm = open_run(args.adapter, dtype=dtype, device="cpu").model
@@ -131,6 +133,9 @@ def main(argv=None):
               f"ms without ({t_on / t_off - 1:+.1%}); what it adds, per call:", file=sys.stderr)
         for k, v in top:
             print(f"  {k:<40} {v / 1e3:8.3f} ms", file=sys.stderr)
+    report["load"] = load_report(load_before, load_average(), torch.get_num_threads())
+    if report["load"]["note"]:
+        print(f"note: {report['load']['note']}", file=sys.stderr)
     print(json.dumps(report))
 
 

@@ -39,6 +39,7 @@ from reskip.cli.common import Parser  # usage errors on one line, exit 2, as eve
 from reskip.compat import cache_kwarg
 from reskip.errors import ReskipError
 from reskip.evaluate.flops import LayerFlops, shortcut_flops, side_channel_flops
+from reskip.machine_load import load_average, load_report, spread
 from reskip.skip.inference_run import open_run
 from reskip.skip.policies import NoSkip, ReSkip, StaticSkip
 from reskip.skip.spec import GRAMMAR, parse_spec
@@ -193,6 +194,7 @@ def main(argv=None):
 
 
 def run(args):
+    load_before = load_average()
     if args.compile_side_channel:  # a screen: the side-channel's function compiled (dynamic length), the rest eager
         import reskip.ar_retrofit.depth_pass as depth_pass
 
@@ -259,6 +261,7 @@ def run(args):
                 skips[name] = sk
         med = {n: statistics.median(v) for n, v in times.items()}
         row = {f"decode_tok_s_{n}": bsz * args.decode_steps / med[n] for n in methods}
+        row["rounds_vs_backbone"] = {n: spread([b / t for t, b in zip(v, times["backbone"])]) for n, v in times.items()}
         row["router_overhead_no_skip"] = paired_overhead(times["retrofit"], times["backbone"])
         row["router_overhead_no_skip_of_medians"] = med["retrofit"] / med["backbone"] - 1
         row["router_overhead_no_skip_step_interleaved"] = interleaved_overhead(rm, ids, window, args.decode_steps,
@@ -295,6 +298,7 @@ def run(args):
     prefill = report[f"prefill_{args.prefill_len}"] = {f"tok_s_{n}": args.prefill_len / statistics.median(v)
                                                        for n, v in pre.items()}
     prefill["router_overhead_no_skip"] = paired_overhead(pre["retrofit"], pre["backbone"])
+    prefill["rounds_vs_backbone"] = {n: spread([b / t for t, b in zip(v, pre["backbone"])]) for n, v in pre.items()}
     for n in policies:  # one step: the blocks it skipped over the whole prompt
         ideal = ideal_speedup(rm, pre_skipped[n])
         prefill[f"{n}_skipped"] = pre_skipped[n]
@@ -308,6 +312,9 @@ def run(args):
     if not args.random_config:
         report["summary"] = quality_and_speed(opened.source.files.eval_dir / "results.json", args.policy, report)
         print(report["summary"], file=sys.stderr)
+    report["load"] = load_report(load_before, load_average(), torch.get_num_threads())
+    if report["load"]["note"]:
+        print(f"note: {report['load']['note']}", file=sys.stderr)
     print(json.dumps(report))
 
 

@@ -15,12 +15,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
 
+import torch
+
 from reskip.backbones.dtypes import resolve_dtype_name
 from reskip.evaluate.run import evaluate_run
+from reskip.machine_load import load_average, load_report
 from reskip.research.calibrate.run import calibrate_run
 from reskip.research.pipeline import PipelineConfig
 from reskip.skip.policy_file import PolicyFile
@@ -32,6 +36,7 @@ def main(argv=None):
     ap.add_argument("--preset", default="standard", choices=["quick", "medium", "standard"])
     ap.add_argument("--dtypes", nargs="+", default=["float32", "auto"], choices=["float32", "bfloat16", "auto"])
     args = ap.parse_args(argv)
+    load_before = load_average()
     pc = PipelineConfig(preset=args.preset)
     tmp = Path(tempfile.mkdtemp(prefix="stage-speed-"))
     report = {"run": args.run, "preset": args.preset, "dtypes": {d: resolve_dtype_name(d) for d in args.dtypes}}
@@ -64,6 +69,9 @@ def main(argv=None):
                 key: max(abs(quality[d][key][k] / quality["float32"][key][k] - 1) for k in quality["float32"][key])
                 for key in ("A", "frontier_ppl_ratio", "test_ppl") if quality["float32"][key]}
         report["target_min_speedup"] = 3.0
+    report["load"] = load_report(load_before, load_average(), torch.get_num_threads())
+    if report["load"]["note"]:
+        print(f"note: {report['load']['note']}", file=sys.stderr)
     print(json.dumps(report))
 
 

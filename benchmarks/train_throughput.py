@@ -26,6 +26,7 @@ import argparse
 import dataclasses
 import json
 import statistics
+import sys
 import time
 
 import torch
@@ -37,6 +38,7 @@ from reskip.backbones.dtypes import resolve_dtype_name
 from reskip.data.packing import pack
 from reskip.data.sources import load_splits
 from reskip.evaluate.flops import LayerFlops
+from reskip.machine_load import load_average, load_report
 from reskip.train.objective import RetrofitObjective
 from reskip.train_config import TrainConfig
 
@@ -170,6 +172,7 @@ def main(argv=None):
     ap.add_argument("--loss-chunk", type=int, default=TrainConfig.loss_chunk, help="positions per loss chunk")
     ap.add_argument("--variants", action="store_true", help="also whole-logit and activation-checkpointing steps")
     args = ap.parse_args(argv)
+    load_before = load_average()
 
     names = {d: resolve_dtype_name(d, args.device) for d in args.dtypes}
     setups = {d: steps_of(args.model, d, args.batch, args.seq_len, args.loss_chunk, args.variants, args.random_config,
@@ -211,6 +214,9 @@ def main(argv=None):
                 for k in times[d]:
                     report[f"speedup_{k}_{d}_vs_float32"] = report[f"tok_s_{k}_{d}"] / report[f"tok_s_{k}_float32"]
         report["target_min_speedup_retrofit"] = 2.3
+    report["load"] = load_report(load_before, load_average(), torch.get_num_threads())
+    if report["load"]["note"]:
+        print(f"note: {report['load']['note']}", file=sys.stderr)
     print(json.dumps(report))
 
 

@@ -19,7 +19,7 @@ STAGES = {
     # the ground floor: errors, atomic writes, the cache, version differences, the loss terms, the options' fields
     "reskip.errors": 0, "reskip.io_atomic": 0, "reskip.cache": 0, "reskip.compat": 0, "reskip.losses": 0,
     "reskip.version": 0, "reskip.divergences": 0, "reskip.run_folder": 0, "reskip.memory": 0, "reskip.fusion": 0,
-    "reskip.progress": 0, "reskip.config_fields": 0, "reskip.device_names": 0, "reskip.reading": 0,
+    "reskip.progress": 0, "reskip.config_fields": 0, "reskip.device_names": 0, "reskip.reading": 0, "reskip.machine_load": 0,
     "reskip.run_folder.lock": 0, "reskip.lora_ranks": 0, "reskip.run_folder.versions": 0, "reskip.html_tables": 0,
     "reskip.statistics": 0,
     "reskip.ar_retrofit": 1,

@@ -118,14 +118,25 @@ def markdown(r: dict) -> str:
         lines += ["", "## Speed in transformers (tokens per second, median of interleaved repeats)", "",
                   f"FLOP-ideal speed-up {sp['flop_ideal_speedup']:.3f}x (every layer's weights and the LM head per "
                   f"token); {sp['threads']} threads.", "",
-                  "| case | original | compressed | speed-up | share of the FLOP-ideal |", "| --- | --- | --- | --- | --- |"]
+                  "| case | original | compressed | speed-up | rounds (min / median / max) | share of the FLOP-ideal |",
+                  "| --- | --- | --- | --- | --- | --- |"]
         lines += [f"| {name} | {c['original_tokens_per_s']:.1f} | {c['compressed_tokens_per_s']:.1f} | "
-                  f"{c['speedup']:.3f}x | {c['share_of_ideal']:.3f} |" for name, c in sp["cases"].items()]
+                  f"{c['speedup']:.3f}x | {_rounds(c.get('speedup_rounds'))} | {c['share_of_ideal']:.3f} |"
+                  for name, c in sp["cases"].items()]
+        load = sp.get("load") or {}
+        if load.get("load_before") is not None:
+            lines += ["", f"Load average {load['load_before']:.2f} before and {load['load_after']:.2f} after, on "
+                          f"{load['cores']} cores. " + (f"**Not readable:** {load['note']}." if not load["readable"]
+                                                         else "The machine was otherwise quiet.")]
     lines += ["", "Validation during healing: KL to the original "
                   f"{_f((h['val_kl'] or {}).get('start'), '.4f')} -> {_f((h['val_kl'] or {}).get('end'), '.4f')}, "
                   f"perplexity {h['val_ppl']['start']:.3f} -> {h['val_ppl']['end']:.3f} (original {h['val_ppl_original']:.3f}).",
               "", "Load it anywhere: `AutoModelForCausalLM.from_pretrained(\"model\")`. Reproduce: `" + r["command"] + "`."]
     return "\n".join(lines) + "\n"
+
+
+def _rounds(r: dict | None) -> str:
+    return "-" if not r else f"{r['min']:.3f} / {r['median']:.3f} / {r['max']:.3f}"
 
 
 def _data_text(h: dict) -> str:

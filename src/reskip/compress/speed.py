@@ -10,6 +10,7 @@ import time
 import torch
 
 from ..evaluate.flops import LayerFlops
+from ..machine_load import load_average, load_report, spread
 
 DECODE_TOKENS = 32
 PROMPT_TOKENS = 16
@@ -40,12 +41,14 @@ def _prefill(model, vocab: int) -> float:
 
 def compare_speed(original, compressed, repeats: int = 3, show=print) -> dict:
     """Tokens per second of both models, interleaved (original, compressed, original, ...) after one warm-up
-    each, and their ratio beside the FLOP-ideal."""
+    each, and their ratio beside the FLOP-ideal: the median, and the spread of the per-round ratios; the machine's
+    load around it (`machine_load`: a timing taken while other processes held the cores is marked unreadable)."""
     vocab = original.config.vocab_size
     cases = {"decode batch 1": lambda m: _decode(m, 1, vocab), "decode batch 8": lambda m: _decode(m, 8, vocab),
              "prefill 512": lambda m: _prefill(m, vocab)}
     ideal = weight_flops_per_token(original.config) / weight_flops_per_token(compressed.config)
     out = {"flop_ideal_speedup": ideal, "repeats": repeats, "threads": torch.get_num_threads(), "cases": {}}
+    before = load_average()
     for name, run in cases.items():
         show(f"[compress] timing {name}")
         run(original), run(compressed)  # warm-up
@@ -56,5 +59,9 @@ def compare_speed(original, compressed, repeats: int = 3, show=print) -> dict:
         speedup = statistics.median(b) / statistics.median(a)
         out["cases"][name] = {"original_tokens_per_s": statistics.median(a),
                               "compressed_tokens_per_s": statistics.median(b), "speedup": speedup,
+                              "speedup_rounds": spread([y / x for x, y in zip(a, b)]),
                               "share_of_ideal": speedup / ideal}
+    out["load"] = load_report(before, load_average(), out["threads"])
+    if out["load"]["note"]:
+        show(f"[compress] note: {out['load']['note']}")
     return out
