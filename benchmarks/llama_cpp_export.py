@@ -13,11 +13,13 @@ in the `llama-cpp-python` source archive:
     pip install sentencepiece     # the converter imports it
     pip download llama-cpp-python --no-deps --no-binary :all: && tar xzf llama_cpp_python-*.tar.gz
     cd llama_cpp_python-*/vendor/llama.cpp && cmake -B build -DLLAMA_CURL=OFF && \\
-        cmake --build build --target llama-bench llama-perplexity -j
+        cmake --build build --target llama-bench llama-perplexity llama-quantize -j 2
     python benchmarks/llama_cpp_export.py --llama-cpp PATH/TO/llama.cpp --compressed smollm2-26/model \\
         --out docs/results/compress/llama-cpp.json
 
-Prints one JSON line and writes it to --out.
+(`-j 2`, not a bare `-j`: a bare `-j` started 47 compilers at once on a 2-core, 24 GB machine and ran it out of
+memory; `llama-quantize` makes the `--quantize` figures.) The guide has the whole recipe (docs/guide.md, "In
+llama.cpp"). Prints one JSON line and writes it to --out.
 """
 
 from __future__ import annotations

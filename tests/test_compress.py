@@ -176,3 +176,17 @@ def _opened_in_chromium(page, tmp):
     assert "data-status=\"rendered\"" in re.search(r"<body[^>]*>", dom.stdout).group(0)
     assert dom.stdout.count("<table>") >= 3 and "KL to the original" in dom.stdout and "6 -&gt; 5 layers" in dom.stdout
     assert not [line for line in dom.stderr.splitlines() if "Uncaught" in line]
+
+
+def test_a_timing_taken_on_a_loaded_machine_is_marked_unreadable():
+    from reskip.machine_load import load_report, spread
+
+    assert spread([3.0, 1.0, 2.0]) == {"min": 1.0, "median": 2.0, "max": 3.0, "rounds": 3}
+    import os
+
+    cores = os.cpu_count() or 1
+    quiet = load_report(0.1, min(cores, 2) + 0.1, threads=2)
+    assert quiet["readable"] and quiet["note"] == ""
+    busy = load_report(0.2, cores * 2.0 + 2, threads=1)
+    assert not busy["readable"] and "rerun alone" in busy["note"]
+    assert load_report(None, None, 2)["readable"]  # a system without a load average: nothing to say
