@@ -443,9 +443,13 @@ def test_the_checkpoint_pointer_is_never_followed_out_of_the_run(tmp_path):
     assert latest_checkpoint(tmp_path / "run").name == "step-000050"
 
 
-def test_a_second_writer_of_a_run_folder_is_refused_and_the_first_unharmed(tiny_run, tmp_path, capsys):
+@pytest.mark.parametrize("stale_env", [False, True], ids=["clean", "RANK left in the shell"])
+def test_a_second_writer_of_a_run_folder_is_refused_and_the_first_unharmed(tiny_run, tmp_path, capsys, monkeypatch,
+                                                                          stale_env):
     """While one process writes a run (it holds RUN/.lock), `reskip train --out` the same folder is refused in one
-    line before anything loads or is removed; the same process may take the lock again (the pipeline's stages)."""
+    line before anything loads or is removed, whatever the environment says (RANK and WORLD_SIZE left in a shell
+    after a distributed job make no second writer); the same process may take the lock again (the pipeline's
+    stages)."""
     from reskip.cli import main
     from reskip.run_folder.lock import writing
 
@@ -460,6 +464,9 @@ def test_a_second_writer_of_a_run_folder_is_refused_and_the_first_unharmed(tiny_
     holder.start()
     try:
         assert ready.wait(30)
+        if stale_env:
+            monkeypatch.setenv("RANK", "1")
+            monkeypatch.setenv("WORLD_SIZE", "2")
         code = main(["train", "--model", cfg.model, "--data", *cfg.data, "--seq-len", "16", "--steps", "2",
                      "--block-size", "2", "--rank", "8", "--overwrite", "--out", str(run)])
         err = capsys.readouterr().err.strip().splitlines()

@@ -2,8 +2,11 @@
 length of the write, and a second process that would write into the same folder is refused in one line instead
 of logging every step twice or replacing files under the first. The lock is released when the process ends,
 however it ends (a killed process leaves no stale lock). Re-entrant within one process: the pipeline holds it
-across its stages, which take it again. In a distributed job (torchrun, accelerate launch) rank 0 holds it for
-the job."""
+across its stages, which take it again. In a distributed job (torchrun, accelerate launch) the first of its processes
+holds it for the job, and the others, children of the same launcher, go on without it (only rank 0 writes). What
+says "the same job" is the launcher itself (the holder's parent process, a Python launcher), never a variable of the
+environment: `RANK` or `WORLD_SIZE` left in a shell after a distributed job turn no second command into a writer
+beside the first."""
 
 from __future__ import annotations
 
@@ -31,13 +34,26 @@ def _open_lock(path: Path):
     return os.fdopen(fd, "r+")  # held open for the body's length
 
 
+def launched_job() -> str | None:
+    """This process's distributed job ("job <the launcher's pid>"), when a Python launcher (torchrun, accelerate
+    launch) started it as one of several processes; None otherwise (a shell is no launcher, whatever its variables)."""
+    try:
+        world = int(os.environ.get("WORLD_SIZE") or 1)
+    except ValueError:
+        return None
+    if world <= 1:
+        return None
+    try:
+        parent = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return None
+    return f"job {os.getppid()}" if "python" in parent.split(" ")[0] else None
+
+
 @contextlib.contextmanager
 def writing(root: Path):
     """Hold `root`'s lock while the body writes into it (the folder is created if needed)."""
     root = Path(root).resolve()
-    if os.environ.get("RANK", "0") != "0":  # a data-parallel job's other processes: rank 0 writes, and holds it
-        yield
-        return
     if root in _held:
         _held[root][1] += 1
         try:
@@ -49,17 +65,21 @@ def writing(root: Path):
     lock_was_there = (root / LOCK_NAME).exists()
     root.mkdir(parents=True, exist_ok=True)
     f = _open_lock(root / LOCK_NAME)
+    job = launched_job()
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         f.seek(0)
         holder = f.read().strip() or "another process"
         f.close()
+        if job is not None and holder.endswith(f" {job}"):  # a process of this same job holds it for the job
+            yield
+            return
         raise ReskipError(f"{root} is being written by another reskip process ({holder}); wait for it to finish, "
                           "or write into another --out") from None
     f.seek(0)
     f.truncate()
-    f.write(f"pid {os.getpid()}")
+    f.write(f"pid {os.getpid()}" + (f" {job}" if job else ""))
     f.flush()
     _held[root] = [f, 1]
     try:
