@@ -126,12 +126,22 @@ def test_healed_training_resumes_to_the_same_adapter_and_exports_a_plain_model(t
     mine = tmp_path / "project"
     mine.mkdir()
     (mine / "notes.txt").write_text("keep")
-    for target, message in ((mine, "holds files export did not write (notes.txt)"), (whole, "the arm's own folder"),
+    mine_marked = tmp_path / "marked"  # a user's folder that happens to hold a reskip.json: still theirs
+    mine_marked.mkdir()
+    (mine_marked / "reskip.json").write_text("{}")
+    (mine_marked / "notes.txt").write_text("keep")
+    compression = tmp_path / "compression"  # a compress folder's model/: its report describes what is there
+    (compression / "model").mkdir(parents=True)
+    (compression / "compress.json").write_text("{}")
+    for target, message in ((mine, "holds files export did not write (notes.txt)"),
+                            (mine_marked, "holds files export did not write (notes.txt)"),
+                            (compression / "model", "inside the compression"), (whole, "the arm's own folder"),
                             (whole / "sub", "the arm's own folder"), (Path(""), "--out is empty"),
                             (Path.cwd(), "the working folder")):
         assert main(["export", str(whole), "--out", str(target)]) == 2
         assert message in capsys.readouterr().err
     assert (mine / "notes.txt").read_text() == "keep" and not (whole / "sub").exists()
+    assert (mine_marked / "notes.txt").read_text() == "keep" and not any((compression / "model").iterdir())
 
 
 def test_export_refuses_a_folder_that_is_not_a_baseline_run(tmp_path, capsys):
@@ -234,13 +244,20 @@ def test_export_round_trip_on_the_bundled_backbone(tmp_path):
                       dtype="float32")
     train_lora(cfg, LoraArm(params=982_663, drop_layers=[12, 13, 14, 15], drop_blocks=[4]), tmp_path / "run",
                show_progress=False)
-    assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "hf")]) == 0
+    assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "hf"), "--dtype", "float32"]) == 0
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
     in_project, tok = load_arm_model(tmp_path / "run", "float32")
     ids = tok(["The capital of France is Paris, and the capital of Italy is"], return_tensors="pt").input_ids
     with torch.no_grad():
         diff = (exported(input_ids=ids).logits - in_project(input_ids=ids).logits).abs().max().item()
     assert exported.config.num_hidden_layers == 26 and diff < 1e-3
+    # by default as its publisher ships the original: bfloat16, half the bytes, with a card naming the original
+    assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "bf16")]) == 0
+    assert json.loads((tmp_path / "bf16" / "reskip.json").read_text())["dtype"] == "bfloat16"
+    size = {d: (tmp_path / d / "model.safetensors").stat().st_size for d in ("hf", "bf16")}
+    assert 0.45 < size["bf16"] / size["hf"] < 0.55
+    card = (tmp_path / "bf16" / "README.md").read_text()
+    assert "base_model: HuggingFaceTB/SmolLM2-135M-Instruct" in card and "12, 13, 14, 15" in card
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3"])

@@ -13,6 +13,7 @@ folder against its backbone at the compute it spends."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -25,9 +26,14 @@ from ..reading import read_json
 from .arm import arm_layers, load_arm_model, read_arm
 
 RECORD, CARD = "reskip.json", "README.md"
+COMPRESS_SETTINGS = "compress.json"  # a compression's folder (`compress.run`): its model/ is its report's
+# every file an export writes: the model's (transformers' names), the tokenizer's, the record and the card
+EXPORT_FILES = re.compile(r"(config|generation_config|tokenizer|tokenizer_config|special_tokens_map|added_tokens|"
+                          r"vocab|model\.safetensors\.index)\.json|model(-\d+-of-\d+)?\.safetensors|merges\.txt|"
+                          r"tokenizer\.model|chat_template\.jinja|reskip\.json|README\.md")
 
 
-def check_out(run_dir: Path, out: Path) -> None:
+def check_out(run_dir: Path, out: Path, compression: Path | None = None) -> None:
     """Refuse an output folder export must not replace: the working folder or one above it, the arm itself (or a
     folder inside it or holding it), or a folder that holds anything but an earlier export (its `RECORD`)."""
     if not str(out) or str(out) == ".":
@@ -37,21 +43,29 @@ def check_out(run_dir: Path, out: Path) -> None:
         raise ReskipError(f"--out {out} is the working folder (or holds it): name a new folder for the model")
     if target == arm or arm in target.parents or target in arm.parents:
         raise ReskipError(f"--out {out} is the arm's own folder, inside it or around it: name a folder outside {run_dir}")
-    if target.is_dir() and any(target.iterdir()) and not (target / RECORD).is_file():
-        held = ", ".join(sorted(p.name for p in target.iterdir())[:5])
-        raise ReskipError(f"--out {out} holds files export did not write ({held}): choose an empty or new folder; "
-                          "nothing was touched")
+    own = compression is not None and target.parent == Path(compression).resolve()  # compress writing its own model/
+    if (target.parent / COMPRESS_SETTINGS).is_file() and not own:
+        raise ReskipError(f"--out {out} is inside the compression {target.parent} (its report describes what is "
+                          "there): export into a folder of its own")
+    if target.is_dir() and any(target.iterdir()):
+        foreign = sorted(p.name for p in target.iterdir() if not EXPORT_FILES.fullmatch(p.name) or p.is_dir())
+        if foreign or not (target / RECORD).is_file() or not (target / "config.json").is_file():
+            held = ", ".join(foreign[:5] or sorted(p.name for p in target.iterdir())[:5])
+            raise ReskipError(f"--out {out} holds files export did not write ({held}): choose an empty or new folder "
+                              "(an earlier export, which holds only a model's files and reskip.json, is replaced); "
+                              "nothing was touched")
 
 
 def export_run(run_dir: Path, out: Path, dtype: str = "auto", trust_remote_code: bool = False,
-               depth: int | None = None, command: str | None = None) -> Path:
+               depth: int | None = None, command: str | None = None, compression: Path | None = None) -> Path:
     """Write the run's merged model, its tokenizer, its record and its model card to `out` (a folder written whole
     or not at all; an earlier export there is replaced, anything else refused: `check_out`). A nested-depths arm is
     written at `depth` (which it needs; 0: the backbone itself). dtype: auto (the original's published dtype),
-    float32 or bfloat16. `command`: what made it, for the card (default: the `reskip export` that does)."""
+    float32 or bfloat16. `command`: what made it, for the card (default: the `reskip export` that does).
+    `compression`: the compress folder writing its own model/ (the only export allowed inside one)."""
     cfg, arm = read_arm(run_dir)  # not a baseline run: one clear error before the model loads
     drop = arm_layers(arm, run_dir, depth)  # a depth the arm does not serve: refused here too
-    check_out(run_dir, out)
+    check_out(run_dir, out, compression)
     base_model, published_dtype = published(cfg.model, trust_remote_code)
     dtype = published_dtype if dtype == "auto" else dtype
     model, tokenizer = load_arm_model(run_dir, "float32", trust_remote_code=trust_remote_code, depth=depth)

@@ -265,7 +265,8 @@ def compress(o: CompressOptions, show=print) -> Path:
         summary = train_lora(cfg, arm, out / HEAL, show_progress=not o.quiet)
         if not (out / MODEL / RECORD).is_file():
             show(f"[compress] 4/5 export: {out / MODEL}")
-            export_run(out / HEAL, out / MODEL, trust_remote_code=o.trust_remote_code, command=command_line(o))
+            export_run(out / HEAL, out / MODEL, trust_remote_code=o.trust_remote_code, command=command_line(o),
+                       compression=out)
         show("[compress] 5/5 measure: the compressed model beside the original")
         report = {"command": command_line(o), "settings": p.identity,
                   "blocks": {**costs.to_dict(), "chosen_by": "named" if o.blocks else o.choose, "removed": blocks,
