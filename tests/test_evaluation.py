@@ -269,9 +269,11 @@ def test_one_token_choices_score_the_context_once_with_the_same_likelihoods(tmp_
 
 
 def test_eval_against_a_reference_model_reads_its_logits_and_its_layers(tmp_path):
-    """`--reference` (the original a pruned backbone came from): the run's own backbone as the reference gives the
-    rows of no reference to the bit; a reference of other depth is the backbone row (KL 0), the unit of compute
-    (the run's 6 layers over its 4) and what the other rows are compared with."""
+    """`--reference` (the original a pruned backbone came from): the reference has a row of its own (KL 0, the unit
+    of compute) and the `backbone` row scores the run's own backbone against it, never the reference's numbers under
+    the backbone's name; the run's own backbone as the reference gives the rows of no reference (its backbone row
+    at KL 0 within float rounding); a reference of other depth is the unit of compute (the run's 6 layers over its 4)
+    and what the other rows are compared with."""
     from helpers import tiny_model
     from reskip import compat
 
@@ -290,8 +292,11 @@ def test_eval_against_a_reference_model_reads_its_logits_and_its_layers(tmp_path
                     "--sequences", "3", "--quiet", "--out", str(out), *extra]) == 0
         rows[key] = json.loads((out / "results.json").read_text())["methods"]
     fields = ("kl_to_backbone", "top1_agreement", "ppl_ratio", "flops_executed_share")
-    assert all(rows["self"][m][f] == rows["none"][m][f] for m in rows["none"] for f in fields)
+    assert all(rows["self"][m][f] == rows["none"][m][f] for m in ("retrofit", "static:1") for f in fields)
+    assert abs(rows["self"]["backbone"]["kl_to_backbone"]) < 1e-6 and rows["self"]["backbone"]["top1_agreement"] == 1
+    assert rows["self"]["reference"]["kl_to_backbone"] == 0 and "reference" not in rows["none"]
     other_rows = rows["other"]
-    assert other_rows["backbone"]["kl_to_backbone"] == 0 and other_rows["backbone"]["flops_executed_share"] == 1
+    assert other_rows["reference"]["kl_to_backbone"] == 0 and other_rows["reference"]["flops_executed_share"] == 1
+    assert other_rows["backbone"]["kl_to_backbone"] > 0 and other_rows["backbone"]["flops_executed_share"] == 6 / 4
     assert other_rows["retrofit"]["flops_executed_share"] == pytest.approx(6 / 4)
     assert other_rows["retrofit"]["kl_to_backbone"] != rows["none"]["retrofit"]["kl_to_backbone"]

@@ -360,9 +360,14 @@ class EvalContext:
     def tallies(self, method: Method, rows: list[int], refs: dict[int, References]) -> list[Tally]:
         """The method's tally on each sequence of `rows`, in order; planned decisions are scored in one batch."""
         model, T = self.model, self.data.input_ids.shape[1]
-        if method.is_backbone:  # its logits are the reference, computed once; its compute the whole unit
+        if method.is_backbone and (self.reference is None or method.name == REFERENCE):
+            # its logits are the reference, computed once; its compute the whole unit
             cost = self.cost if self.reference is None else _whole
             return [_tally_of(refs[i].z_back, refs[i], [[]], [T], "backbone", cost) for i in rows]
+        if method.is_backbone:  # the run's own backbone, scored against another reference model
+            with model.side_channel_disabled():
+                z = model(input_ids=self.data.input_ids[rows].to(model_device(model)), use_cache=False).logits
+            return [_tally_of(z[b : b + 1], refs[i], [[]], [T], "model", self.cost) for b, i in enumerate(rows)]
         if method.is_model:
             return self._model_tallies(method.scorer, rows, refs)
         if isinstance(method.policy, NoSkip):  # one pass, nothing skipped
@@ -416,6 +421,9 @@ class EvalContext:
                 for b, i in enumerate(rows)]
 
 
+REFERENCE = "reference"  # the row of `reskip eval --reference`'s model itself
+
+
 def labelled_span(labels: torch.Tensor) -> tuple[int, int]:
     """[a, b): the positions of one sequence's labels (T,) (on the host) whose next token is labelled, refused unless
     they are one contiguous span (a chat reply teacher-forced after its prompt, right-padded)."""
@@ -448,6 +456,9 @@ def evaluate_methods(model: ReskipModel, data: Packed, methods: list[Method], wi
     context = _context or EvalContext.of(model, data, window, chunk_size, reference=reference, positions=positions)
     expand = any(m.spec.kind == "matched" for m in methods)
     methods = [m for m in methods if m.spec.kind != "matched"]
+    if context.reference is not None and all(m.name != REFERENCE for m in methods):
+        # the reference's own row (the ratios' denominator); `backbone`, when asked, is the run's backbone against it
+        methods = [Method(REFERENCE, None, Spec("backbone", REFERENCE)), *methods]
     tallies = {m.name: Tally() for m in methods}
     model.eval()
     for g in range(0, len(data), group):
@@ -461,7 +472,8 @@ def evaluate_methods(model: ReskipModel, data: Packed, methods: list[Method], wi
         del refs
         if progress is not None:
             progress(rows[-1] + 1, len(data))
-    ppl_backbone = math.exp(tallies["backbone"].ce / tallies["backbone"].targets) if "backbone" in tallies else None
+    base = REFERENCE if context.reference is not None else "backbone"
+    ppl_backbone = math.exp(tallies[base].ce / tallies[base].targets) if base in tallies else None
     results = {m.name: {**m.row(), **tallies[m.name].result(ppl_backbone, model.n_blocks)} for m in methods}
     if expand and policy_file is not None:
         _add_matched(results, context, policy_file, seed, group)

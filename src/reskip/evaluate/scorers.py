@@ -25,7 +25,7 @@ from ..backbones.dtypes import resolve_dtype
 from ..backbones.loading import load_backbone
 from ..compress.arm import arm_layers, load_arm_model, read_arm
 from ..compress.blocks import BlockCosts, backbone_block_costs, prune
-from ..compress.export import read_record
+from ..compress.export import RECORD, read_record
 from ..data.packing import Packed
 from ..errors import ReskipError
 from ..skip.spec import KINDS, Spec
@@ -111,7 +111,13 @@ def open_export(spec: Spec, ctx: ScorerContext) -> ModelScorer:
         raise ReskipError(f"{spec.text}: the folder came from a backbone of {record['backbone_layers']} layers, the "
                           f"evaluation's has {n_layers}: compare methods of one backbone")
     model = AutoModelForCausalLM.from_pretrained(spec.run, dtype=resolve_dtype(ctx.dtype, ctx.device)).to(ctx.device)
-    return ModelScorer(model.eval(), list(record["drop_layers"]), list(record["drop_blocks"]), n_layers)
+    # the compute share is the model's own (its layers), read from what was loaded, never from the record alone
+    kept = model.config.num_hidden_layers
+    drop = list(record["drop_layers"])
+    if kept + len(drop) != n_layers or len(set(drop)) != len(drop) or not all(0 <= i < n_layers for i in drop):
+        raise ReskipError(f"{spec.text}: the folder's model has {kept} layers, and its {RECORD} says layers {drop} of "
+                          f"{n_layers} were removed: the record does not describe this model; export it again")
+    return ModelScorer(model.eval(), drop, list(record["drop_blocks"]), n_layers)
 
 
 def _named(where: str) -> Callable:
