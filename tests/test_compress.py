@@ -190,3 +190,32 @@ def test_a_timing_taken_on_a_loaded_machine_is_marked_unreadable():
     busy = load_report(0.2, cores * 2.0 + 2, threads=1)
     assert not busy["readable"] and "rerun alone" in busy["note"]
     assert load_report(None, None, 2)["readable"]  # a system without a load average: nothing to say
+
+
+@pytest.mark.parametrize("edit, message", [
+    ({"num_hidden_layers": "30"}, "num_hidden_layers must be a whole number"),
+    ({"hidden_size": -5}, "hidden_size must be a whole number"),
+    ({"num_hidden_layers": 10**9}, "num_hidden_layers must be a whole number from 1 to 4,096"),
+    ({"model_type": "nosuchfamily"}, "model_type 'nosuchfamily' is not supported"),
+    ("cut weights", "cut short or corrupt"),
+    ("not json", "is not valid JSON"),
+])
+def test_compress_refuses_a_broken_model_folder_before_any_work(tiny, tmp_path, capsys, edit, message):
+    """A model folder whose config.json was edited by hand or whose weights were cut short: one line, exit 2,
+    nothing written (never transformers' traceback, nor minutes of work first)."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny[1], model)
+    if edit == "cut weights":
+        data = (model / "model.safetensors").read_bytes()
+        (model / "model.safetensors").write_bytes(data[: len(data) // 2])
+    elif edit == "not json":
+        (model / "config.json").write_text('{"model_type": "llama", ')
+    else:
+        config = json.loads((model / "config.json").read_text())
+        (model / "config.json").write_text(json.dumps({**config, **edit}))
+    args = _args(tiny, tmp_path / "out")
+    args[args.index("--model") + 1] = str(model)
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not (tmp_path / "out").exists()

@@ -77,6 +77,34 @@ def check_sizes(data: dict, name: str) -> None:
                                  f"{data['num_attention_heads']}")
 
 
+def check_model_folder(folder: Path) -> None:
+    """A model folder's config.json and weight files, checked before transformers reads them (which answers a
+    hand-edited or cut file with a long traceback, or minutes of work): the config a JSON object of a supported
+    `model_type` with sane sizes, and every safetensors file's header whole (a truncated file is refused here)."""
+    from safetensors import SafetensorError, safe_open  # lazy: only for local folders
+
+    path = folder / "config.json"
+    try:
+        data = json.loads(_read_text(path))
+    except json.JSONDecodeError as e:
+        raise ModelNotFoundError(f"{path} is not valid JSON ({e.msg} at line {e.lineno}): restore the model's "
+                                 "config") from None
+    if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
+        raise ModelNotFoundError(f"{path}: a model config is a JSON object with a model_type name")
+    compat.check_supported(SimpleNamespace(model_type=data["model_type"]))
+    for key in ("text_config",):  # a multimodal family keeps the decoder's sizes in a sub-config
+        if isinstance(data.get(key), dict):
+            data = {**data[key], "model_type": data["model_type"]}
+    check_sizes(data, str(path))
+    for weights in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(weights, "pt") as f:
+                f.keys()
+        except (SafetensorError, OSError) as e:
+            raise ModelNotFoundError(f"{weights} cannot be read ({str(e).splitlines()[0][:200]}): the file is cut "
+                                     "short or corrupt; copy the model again") from None
+
+
 def _read_text(path: Path) -> str:
     try:
         return path.read_text()

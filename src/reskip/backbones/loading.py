@@ -25,6 +25,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from .. import compat
 from ..cache import cache_root, sha256_file
 from ..errors import ModelNotFoundError, ReskipError
+from .architectures import check_model_folder
 from .devices import resolve_device
 from .dtypes import resolve_dtype
 
@@ -196,6 +197,8 @@ def published(name: str | None, trust_remote_code: bool = False) -> tuple[str, s
 def load_config(name: str | None, trust_remote_code: bool = False):
     """The backbone's config without its weights; raises a clear error when it cannot be found."""
     display, source, gguf = resolve(name)
+    if isinstance(source, Path) and gguf is None and (source / "config.json").is_file():
+        check_model_folder(source)  # a hand-edited config or a cut weight file: one error, before transformers
     try:
         config = AutoConfig.from_pretrained(source, gguf_file=gguf, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as e:
