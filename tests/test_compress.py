@@ -131,6 +131,9 @@ def test_compress_heals_on_the_models_own_conversations_and_reads_its_chat_repli
     (["--on-policy", "0.5", "--objective", "ce"], "needs a teacher"),
     (["--blocks", "1"], "name distinct middle blocks, 2 to 5"),
     (["--blocks", "3", "--drop", "1"], "give one"),
+    (["--keep-flops", "0.06"], "removing every middle block of 1 layers keeps 0.333"),
+    (["--params", "1000000000000"], "more than the model's own"),
+    (["--block-size", "4"], "0 middle blocks"),
     (["--heldout", "CORPUS"], "part of --data"),
     (["--full-layers", "6"], "keeps at most 5 layers"),
 ])
@@ -219,3 +222,36 @@ def test_compress_refuses_a_broken_model_folder_before_any_work(tiny, tmp_path, 
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.integration
+def test_a_damaged_compression_says_what_is_wrong_and_keeps_the_healing(tiny, tmp_path, capsys):
+    out = tmp_path / "c"
+    args = _args(tiny, out, "--no-speed", "--mc-limit", "0")
+    assert main(args) == 0
+    weights = (out / "heal" / "adapter" / "adapter_model.safetensors").read_bytes()
+    # the exported weights deleted: exported again from the kept healing, not failing the same way on every rerun
+    (out / "model" / "model.safetensors").unlink()
+    assert main(args) == 0 and (out / "model" / "model.safetensors").is_file()
+    blocks = json.loads((out / "blocks.json").read_text())
+    settings = (out / "compress.json").read_text()
+    removed = json.loads((out / "report.json").read_text())["blocks"]["removed"][0]
+    other = str(next(k for k in range(2, 6) if k != removed))  # blocks.json edited to choose another block
+    cases = [("blocks.json", "[]", "blocks must be a list of the blocks' layers"),
+             ("blocks.json", json.dumps({**blocks, "A": {k: (0.5 if k == other else 9.0) for k in blocks["A"]}}),
+              "blocks.json was changed after the healing"),
+             ("compress.json", "[]", "holds no compression's settings"),
+             ("compress.json", None, "without its compress.json")]
+    for name, text, message in cases:
+        before = (out / name).read_text()
+        if text is None:
+            (out / name).unlink()
+        else:
+            (out / name).write_text(text)
+        capsys.readouterr()
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err and "remove heal" not in err, err
+        (out / name).write_text(before if name == "blocks.json" else settings)
+    assert (out / "heal" / "adapter" / "adapter_model.safetensors").read_bytes() == weights
+    assert main(args) == 0

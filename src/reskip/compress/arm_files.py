@@ -80,9 +80,20 @@ def check_adapter_files(folder: Path, arm, kept_layers: int) -> None:
     if (folder / TRAINED_ON).is_file():
         record = read_json(folder / TRAINED_ON)
         mine = {"drop_layers": list(arm.drop_layers), "nested_layers": [list(x) for x in arm.nested_layers]}
+        if not isinstance(record, dict) or set(record) != set(mine):
+            raise ReskipError(f"{folder / TRAINED_ON} is not an adapter's record of the layers it trained without (an "
+                              "object of drop_layers and nested_layers): it was edited or cut; train the arm again")
         if record != mine:
-            raise ReskipError(f"{folder} holds an adapter trained with layers {record.get('drop_layers')} removed, "
-                              f"but the arm removes {arm.drop_layers}: the adapter belongs to another arm")
+            what = ("the depths' layers in the order " + str(record["nested_layers"]) if arm.nested
+                    else f"layers {record['drop_layers']} removed")
+            mine_text = (f"its config.yaml orders them {arm.nested_layers}" if arm.nested
+                         else f"the arm removes {arm.drop_layers}")
+            raise ReskipError(f"{folder} holds an adapter trained with {what}, but {mine_text}: the adapter belongs to "
+                              "another arm (or its record was edited); train the arm again")
+    elif arm.nested:
+        raise ReskipError(f"{folder / TRAINED_ON} is missing: a nested arm's adapter says which layers each depth "
+                          "trained without, and without it a depth it was never trained for could be served; train "
+                          "the arm again")
     shapes = adapter_shapes(folder)
     ranks = {config.get("r"), *(config.get("rank_pattern") or {}).values()}
     held = {shape[0] for key, shape in shapes.items() if ".lora_A." in key}

@@ -76,10 +76,26 @@ class BlockCosts:
         return out if self.kl is None else {**out, "kl": {str(n): v for n, v in self.kl.items()}}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "BlockCosts":
-        kl = {int(k): v for k, v in d["kl"].items()} if "kl" in d else None
-        return cls(d["blocks"], {int(k): v for k, v in d["A"].items()}, {int(k): v for k, v in d["cos_in_out"].items()},
-                   kl)
+    def from_dict(cls, d, where: str = "blocks.json") -> "BlockCosts":
+        """The costs a file recorded, checked: a list of blocks (lists of layers) and, per block number, A(n),
+        cos(x_n, h_n) and (when measured) the KL; anything else is one error naming the file."""
+        def per_block(key: str, n: int) -> dict[int, float]:
+            values = d.get(key)
+            ok = isinstance(values, dict) and len(values) == n and all(
+                str(k).isdigit() and 1 <= int(k) <= n and isinstance(v, (int, float)) and not isinstance(v, bool)
+                and math.isfinite(v) for k, v in values.items())
+            if not ok:
+                raise ReskipError(f"{where}: {key} must hold a finite number for each of the {n} blocks; the file was "
+                                  "edited or cut: delete it and rerun (the block costs are measured again)")
+            return {int(k): float(v) for k, v in values.items()}
+
+        blocks = d.get("blocks") if isinstance(d, dict) else None
+        if not (isinstance(blocks, list) and blocks and all(isinstance(b, list) and b and all(
+                isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in b) for b in blocks)):
+            raise ReskipError(f"{where}: blocks must be a list of the blocks' layers; the file was edited or cut: "
+                              "delete it and rerun (the block costs are measured again)")
+        n = len(blocks)
+        return cls(blocks, per_block("A", n), per_block("cos_in_out", n), per_block("kl", n) if "kl" in d else None)
 
 
 def backbone_block_costs(model: nn.Module, data: Packed, block_size: int, boundaries: list[int] | None = None,

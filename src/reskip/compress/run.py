@@ -22,7 +22,7 @@ from pathlib import Path
 from transformers import AutoModelForCausalLM
 
 from ..ar_retrofit.blocks import retrofit_blocks
-from ..backbones.architectures import model_parameters
+from ..backbones.architectures import check_model_folder, model_parameters
 from ..backbones.devices import resolve_device
 from ..backbones.dtypes import resolve_dtype_name
 from ..backbones.loading import load_backbone, load_config
@@ -38,7 +38,7 @@ from ..reading import read_json
 from ..run_folder.lock import writing
 from ..train_config import TrainConfig
 from . import healing_data
-from .arm import LoraArm
+from .arm import LoraArm, read_arm
 from .blocks import BlockCosts, backbone_block_costs
 from .export import CARD, RECORD, export_run, model_card, read_record
 from .measure import measure
@@ -94,6 +94,11 @@ def _check_blocks(o: CompressOptions, blocks: list[range]) -> None:
     if o.drop is not None and o.drop > middle:
         raise ReskipError(f"--drop {o.drop}: the model has {middle} middle blocks of {o.block_size} layers (the first "
                           "and last are kept)")
+    if o.keep_flops is not None:
+        least = 1 - sum(len(b) for b in blocks[1:-1]) / sum(len(b) for b in blocks)
+        if o.keep_flops < least:
+            raise ReskipError(f"--keep-flops {o.keep_flops}: removing every middle block of {o.block_size} layers "
+                              f"keeps {least:.3f} of the layers; ask for {least:.3f} or more")
     if o.blocks is not None:
         bad = [b for b in o.blocks if not 2 <= b <= len(blocks) - 1]
         if bad or not o.blocks or len(set(o.blocks)) != len(o.blocks):
@@ -140,6 +145,9 @@ def plan(o: CompressOptions) -> Plan:
     cfg = healing_config(o)
     cfg.validate()
     params = o.params or healing_params(config)
+    if params > model_parameters(config):
+        raise ReskipError(f"--params {params:,}: more than the model's own {model_parameters(config):,} parameters; a "
+                          "healing LoRA is a small share of it (the default is 0.73%)")
     identity = {"model": o.model, "data": list(o.data), "block_size": o.block_size, "choose": o.choose, "drop": o.drop,
                 "keep_flops": o.keep_flops, "objective": loss.text, "preset": o.preset, "lr": o.lr,
                 "params": params, "dtype": resolve_dtype_name(o.dtype, resolve_device(o.device)),
@@ -168,7 +176,11 @@ def check_folder(out: Path, identity: dict) -> None:
     if not out.is_dir():
         raise ReskipError(f"--out {out} is a file: give a folder")
     if (out / SETTINGS).is_file():
-        held = read_json(out / SETTINGS).get("identity")
+        data = read_json(out / SETTINGS)
+        held = data.get("identity") if isinstance(data, dict) else None
+        if not isinstance(held, dict):
+            raise ReskipError(f"{out / SETTINGS} holds no compression's settings (an object with its identity): it was "
+                              "edited or cut; restore it, or choose another --out")
         if held != identity:
             diff = [k for k in identity if not isinstance(held, dict) or held.get(k) != identity[k]]
             raise ReskipError(f"--out {out} holds a compression of other settings ({', '.join(diff)} differ): choose "
@@ -178,9 +190,41 @@ def check_folder(out: Path, identity: dict) -> None:
     # so the model's own conversations written once can be healed on again with other settings
     own = {".lock", healing_data.SELF_FOLDER, healing_data.PROMPTS_FOLDER}
     held = sorted(p.name for p in out.iterdir() if p.name not in own)
+    work = [name for name in held if name in (BLOCKS, HEAL, MODEL, REPORT_JSON, REPORT_MD, REPORT_HTML)]
+    if work:
+        raise ReskipError(f"--out {out} holds a compression's work ({', '.join(work[:5])}) without its {SETTINGS}: the "
+                          "settings it was made with are gone, so it cannot be resumed; choose another --out, or "
+                          "remove the folder to start again")
     if held:  # a folder compress writes holds compress.json from its first step on
         raise ReskipError(f"--out {out} holds files compress did not write ({', '.join(held[:5])}): choose an empty "
                           "or new folder")
+
+
+def _check_heal_blocks(out: Path, costs: BlockCosts, layers: list[int]) -> None:
+    """A healing already in heal/ was trained on the layers blocks.json chooses now: where it was not, blocks.json
+    was changed after the healing (say so, instead of a refusal that points at heal/)."""
+    if not (out / HEAL / "config.yaml").is_file():
+        return
+    try:
+        _, arm = read_arm(out / HEAL)
+    except ReskipError:
+        return  # train_lora says what is wrong with heal/ itself
+    if not arm.nested and sorted(arm.drop_layers) != layers:
+        raise ReskipError(f"{out / HEAL} was healed with layers {sorted(arm.drop_layers)} removed, and {out / BLOCKS} now "
+                          f"chooses layers {layers}: blocks.json was changed after the healing; delete blocks.json to "
+                          "measure the block costs again (the healing is kept when they choose the same blocks)")
+
+
+def _exported(folder: Path) -> bool:
+    """The model folder is a whole export: its record, config and readable weights (a file deleted or cut since is
+    exported again, not measured as it is)."""
+    if not (folder / RECORD).is_file() or not any(folder.glob("*.safetensors")):
+        return False
+    try:
+        check_model_folder(folder)
+    except ReskipError:
+        return False
+    return True
 
 
 def block_costs(o: CompressOptions, p: Plan, data_specs: list[str], out: Path, show) -> BlockCosts:
@@ -188,7 +232,7 @@ def block_costs(o: CompressOptions, p: Plan, data_specs: list[str], out: Path, s
     conversations)."""
     path = out / BLOCKS
     if path.is_file():
-        costs = BlockCosts.from_dict(read_json(path))
+        costs = BlockCosts.from_dict(read_json(path), str(path))
         if costs.kl is not None or o.choose != "kl":
             return costs
     splits, _ = load_splits(data_specs)
@@ -262,8 +306,9 @@ def compress(o: CompressOptions, show=print) -> Path:
         arm = LoraArm(params=p.params, drop_layers=layers, drop_blocks=blocks, objective=parse_objective(o.objective).text,
                       full_layers=o.full_layers, positions=o.positions, on_policy=o.on_policy,
                       on_policy_tokens=o.on_policy_tokens)
+        _check_heal_blocks(out, costs, layers)
         summary = train_lora(cfg, arm, out / HEAL, show_progress=not o.quiet)
-        if not (out / MODEL / RECORD).is_file():
+        if not _exported(out / MODEL):
             show(f"[compress] 4/5 export: {out / MODEL}")
             export_run(out / HEAL, out / MODEL, trust_remote_code=o.trust_remote_code, command=command_line(o),
                        compression=out)

@@ -28,9 +28,14 @@ def train_lora(cfg: TrainConfig, arm: LoraArm, run_dir: Path, show_progress: boo
     if files.config.is_file():
         recorded = recipe.recorded_identity(files.config)
         recorded["dtype"] = resolve_dtype_name(recorded["dtype"])
-        if recorded != recipe.identity(cfg):
-            raise ReskipError(f"{files.root} holds a baseline run of other settings (its config.yaml differs): "
-                              "choose another folder or remove it")
+        asked = recipe.identity(cfg)
+        if recorded != asked:
+            differ = sorted({k for k in (*recorded, *asked) if recorded.get(k) != asked.get(k)})
+            if differ == ["lora"]:
+                differ = sorted({k for k in (*recorded["lora"], *asked["lora"])
+                                 if recorded["lora"].get(k) != asked["lora"].get(k)})
+            raise ReskipError(f"{files.root} holds a healing run of other settings ({', '.join(differ)} differ in its "
+                              "config.yaml): choose another folder, or remove it to train again")
         if files.summary.is_file() and (files.adapter / "adapter_model.safetensors").is_file():
             return read_json(files.summary)
     resume = latest_checkpoint(files.root) is not None
