@@ -46,15 +46,17 @@ def arm_folders(texts: list[str]) -> dict[str, Path]:
 
 
 def arm_cost(model_folder: Path) -> dict:
-    """What the arm cost, from its compress report (data written, healing), where there is one."""
-    report = model_folder.parent / "report.json"
-    if not report.is_file():
+    """What the arm cost, from its compress folder's files (the healing's summary, the conversations' summaries),
+    where it has them."""
+    folder = model_folder.parent
+    summary = folder / "heal" / "summary.json"
+    if not summary.is_file():
         return {}
-    h = json.loads(report.read_text())["healing"]
-    written = h.get("written") or {}
-    return {"train_wall_s": h.get("train_wall_s"), "tokens": h.get("tokens"),
-            "data_wall_s": sum(w.get("wall_s", 0.0) for w in written.values()),
-            "conversations": sum(w.get("conversations", 0) for w in written.values())}
+    h = json.loads(summary.read_text())
+    written = [json.loads(p.read_text()) for p in sorted(folder.glob("*-data/summary.json"))]
+    return {"train_wall_s": h.get("train_wall_s"), "tokens": h.get("tokens_seen"),
+            "data_wall_s": sum(w.get("wall_s", 0.0) for w in written),
+            "conversations": sum(w.get("conversations", 0) for w in written)}
 
 
 def chat_differences(rows: dict, baseline: str) -> dict:

@@ -112,6 +112,13 @@ def test_compress_heals_on_the_models_own_conversations_and_reads_its_chat_repli
     card = (out / "model" / "README.md").read_text()  # the model card users receive with the folder
     assert card.startswith("---\nbase_model: ") and "held-out chat prompts" in card and "reskip compress" in card
     assert json.loads((out / "model" / "reskip.json").read_text())["dtype"] == "float32"  # the tiny original's
+    # healed on its own conversations alone: measured on its chat replies (and held-out text when asked)
+    alone = tmp_path / "alone"
+    assert main(["compress", "--model", str(model), "--data", "self:200", "--preset", "quick", "--steps", "4",
+                 "--block-size", "1", "--mc-limit", "0", "--heldout", "none", "--chat-prompts", "3", "--no-speed",
+                 "--quiet", "--out", str(alone)]) == 0
+    measured = json.loads((alone / "report.json").read_text())["measured"]
+    assert measured["splits"] == {} and measured["chat"]["prompts"] == 3
     # resumed: the conversations are read back, not written again
     batches = (out / "self-data" / "batches.jsonl").read_bytes()
     (out / "report.json").unlink()
@@ -125,6 +132,7 @@ def test_compress_heals_on_the_models_own_conversations_and_reads_its_chat_repli
     (["--objective", "mse"], "healing objective 'mse': one of kd, rkl, jsd"),
     (["--objective", "jsd:2"], "strictly between 0 and 1"),
     (["--data", "self:0"], "self:N with N from 1"),
+    (["--data", "self:20"], "20 conversations alone"),
     (["--data", "self", "self:3"], "names the model's own conversations twice"),
     (["--prompts", "MISSING"], "no such file"),
     (["--on-policy", "0.5"], "the data holds none"),

@@ -20,6 +20,7 @@ from ..reading import read_json
 
 SELF = re.compile(r"self(?::([0-9]+))?")
 SELF_CONVERSATIONS = 400  # `self` alone: what the measured default writes
+MIN_ALONE = 200  # conversations healed on without text: their 3% validation and calibration splits are then not empty
 MAX_CONVERSATIONS = 1_000_000
 SELF_FOLDER, PROMPTS_FOLDER = "self-data", "prompt-data"
 
@@ -62,6 +63,10 @@ def check(data: list[str], prompts: str | None, chat_share: float) -> list[str] 
     asked = read_prompts(Path(prompts)) if prompts is not None else None
     if n_self is None and asked is None and not text:
         raise ReskipError("--data names no data: give default (the bundled text), self, files, or --prompts FILE")
+    alone = (n_self or 0) + len(asked or [])
+    if not text and alone < MIN_ALONE:
+        raise ReskipError(f"{alone} conversations alone: healing also validates and calibrates on them (3% of them "
+                          f"each), so give {MIN_ALONE} or more (self:{MIN_ALONE}), or add text (--data self default)")
     if text and (n_self is not None or asked is not None) and not 0 < chat_share < 1:
         raise ReskipError(f"--chat-share {chat_share}: mixed with text, the conversations' share lies strictly between "
                           "0 and 1")

@@ -33,8 +33,10 @@ def measure(o: CompressOptions, folder: Path, seq_len: int, test_specs: list[str
     methods = ref.methods({"compressed": Spec("export", "compressed", run=str(folder))})
     compressed = methods[1].scorer
     out.update(dtype=ref.context.dtype, device=ref.context.device)
-    scored = ref.score(methods, {"test": list(test_specs), **{h: [h] for h in o.heldout}}, o.sequences, seq_len,
-                       lambda line: show(f"[compress] {line}"))
+    # raw text: the text data's test split (none when healing read only conversations: the chat measure is the
+    # in-domain one then) and every held-out source
+    sources = {**({"test": list(test_specs)} if test_specs else {}), **{h: [h] for h in o.heldout}}
+    scored = ref.score(methods, sources, o.sequences, seq_len, lambda line: show(f"[compress] {line}"))
     for name, r in scored.items():
         out["splits"][name] = {"data": r["data"], "test_split": r["test_split"],
                                **{m: {k: r["rows"][m][k] for k in FIELDS} for m in ("backbone", "compressed")}}
