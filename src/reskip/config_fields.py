@@ -9,6 +9,8 @@ import math
 
 from .errors import ReskipError, check_range
 
+SEED_MAX = 2**63 - 1  # torch.manual_seed's largest seed: a larger one overflows inside torch
+
 
 def described(default=dataclasses.MISSING, help: str = "", default_factory=dataclasses.MISSING,
               choices: tuple | None = None, low: float | None = None, high: float | None = None,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import yaml
 
 from .ar_retrofit.config import RetrofitConfig, check_rank, reject_unknown_keys
-from .config_fields import described
+from .config_fields import SEED_MAX, described
 from .device_names import DEVICE_HELP, DEVICE_PATTERN
 from .errors import ReskipError
 from .reading import read_yaml
@@ -119,7 +119,8 @@ class TrainConfig:
                                           "first and the last only; one pass per block fewer)")
     save_every: int = described(25, "steps between checkpoints (the two newest are kept)", low=1)
     log_every: int = described(1, "steps between train records in train_log.jsonl", low=1)
-    seed: int = described(0, "the random seed: initialisation, data order, drawn blocks and positions")
+    seed: int = described(0, "the random seed: initialisation, data order, drawn blocks and positions (0 to 2^63 - 1)",
+                          low=0, high=SEED_MAX)
     retrofit: dict = described(help="RetrofitConfig keys (block_size, rank, skip_path, ...) over the recipe's",
                                default_factory=dict)
 

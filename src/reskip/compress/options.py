@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config_fields import described
+from ..config_fields import SEED_MAX, described
 from ..options import HELDOUT, PRESET_HELP, PRESETS, BackboneOptions
 
 # `compress.objectives.OBJECTIVES`, named here without importing torch (a test holds the two lists equal)
@@ -41,8 +41,9 @@ class CompressOptions(BackboneOptions):
                                        "conversations (self, --prompts)", low=0.0, high=1.0)
     reply: str = described("sample", "how the model writes the replies it heals on: sample (temperature 0.7) or "
                                      "greedy", choices=("sample", "greedy"))
-    data_seed: int = described(1, "the seed of the conversations the model writes (the held-out chat prompts were "
-                                  "written under 7001 and 7002, and are never healed on)", low=0)
+    data_seed: int = described(1, "the seed of the conversations the model writes, 0 to 2^63 - 1 (the held-out chat "
+                                  "prompts were written under 7001 and 7002, and are never healed on)",
+                               low=0, high=SEED_MAX)
     objective: str = described("kd", "the healing objective: " + ", ".join(OBJECTIVE_NAMES) + " (kd: KL(original "
                                      "|| compressed), the measured best; rkl the reverse KL; jsd GKD's generalised "
                                      "JSD; ce cross-entropy on the data)")

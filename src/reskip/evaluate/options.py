@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config_fields import described
+from ..config_fields import SEED_MAX, described
 from ..options import StageOptions
 from ..skip.spec import METHOD_GRAMMAR, METHOD_KINDS, Spec, parse_specs
 
@@ -41,7 +41,8 @@ class EvalOptions(StageOptions):
                                          "(its own A(n), as `reskip experiment baselines` ranks them)", low=1)
     chunk_size: int = described(32, "tokens per step when scoring (one skip decision per block and step)", low=1)
     window: int | None = described(None, "W, tokens in w_recent (None: the policy file's)", low=1)
-    seed: int = described(0, "the seed of random skipping and of the benchmark sample")
+    seed: int = described(0, "the seed of random skipping and of the benchmark sample (0 to 2^63 - 1)", low=0,
+                          high=SEED_MAX)
     quiet: bool = described(False, "no progress bar")
     heldout: list[str] | None = described(None, "data specs of a source kept out of training and calibration "
                                                 "(e.g. kjv): every method on its test split too (the policy's drift)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...config_fields import described
+from ...config_fields import SEED_MAX, described
 from ...device_names import DEVICE_HELP, DEVICE_PATTERN
 from ...options import DTYPE_HELP, DTYPE_NAMES, PRESET_HELP, PRESETS, BackboneOptions
 
@@ -25,7 +25,7 @@ class ExperimentOptions(BackboneOptions):
     data: list[str] = described(default_factory=lambda: ["default"], help="data specs (default: the bundled mix)")
     out: str | None = described(None, "the run folder OUT/experiments/NAME is written into; `reskip report OUT` "
                                       "shows every experiment there (None: runs/experiments)")
-    seed: int = described(0, "the seed of every arm's training and data")
+    seed: int = described(0, "the seed of every arm's training and data (0 to 2^63 - 1)", low=0, high=SEED_MAX)
     overrides: dict = described(default_factory=dict, help="TrainConfig values for every arm (and RetrofitConfig "
                                                            "keys by name), on top of the preset")
     calib_sequences: int | None = described(None, "calibration sequences per arm (None: the preset's)", low=1)
