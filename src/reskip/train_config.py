@@ -21,7 +21,19 @@ from .reading import read_yaml
 class _Yaml12Loader(yaml.SafeLoader):
     """PyYAML's safe loader, reading numbers as YAML 1.2 and JSON do: in YAML 1.1 a float needs a dot, so
     `1e-3` would be the string '1e-3' (and `lr: 1e-3` refused as not a number). Aliases (`*name`) are refused:
-    a config needs none, and a few hundred bytes of nested aliases expand to gigabytes."""
+    a config needs none, and a few hundred bytes of nested aliases expand to gigabytes. A key given twice is refused
+    (PyYAML keeps the second one without a word)."""
+
+    def construct_mapping(self, node, deep=False):
+        """A key given twice is refused (PyYAML would keep the second silently)."""
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"the key {key!r} is given twice",
+                                                        key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
     def compose_node(self, parent, index):
         if self.check_event(yaml.events.AliasEvent):

@@ -105,9 +105,15 @@ def given_values(cls, args: argparse.Namespace, converters: Converters = ()) -> 
 
 
 def _converted(name: str, value, converters: Converters, where: str):
+    """A value through its field's converter, which reads text as the flag gives it: a YAML number among the values
+    (`methods: [1]`, `budgets: [0.5, 1]`) is read as the flag's text of it."""
     convert = converters.get(name)
     if convert is None:
         return value
+    if isinstance(value, list):
+        value = [v if isinstance(v, str) else str(v) for v in value]
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = str(value)
     try:
         return convert(value)
     except ReskipError as e:

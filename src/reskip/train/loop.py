@@ -60,6 +60,20 @@ def prepare_data(cfg: TrainConfig, tokenizer, splits) -> tuple[Packed, Packed]:
     return train, val
 
 
+def check_weights(cfg: TrainConfig, record: dict) -> None:
+    """`data_weights` name the data's own sources and give one of them a share (a name the data does not have would
+    leave every share 0, or a part of the data at none without a word)."""
+    if not cfg.data_weights:
+        return
+    sources = sorted(record["splits"]["train"]["by_source"])
+    unknown = sorted(set(cfg.data_weights) - set(sources))
+    if unknown:
+        raise ReskipError(f"data_weights names {', '.join(map(repr, unknown))}, which the data does not have; its "
+                          f"sources are {', '.join(sources)}")
+    if not any(cfg.data_weights.get(s, 0) > 0 for s in sources):
+        raise ReskipError(f"data_weights gives every source of the data weight 0 ({cfg.data_weights})")
+
+
 def parameter_groups(model: ReskipModel, cfg: TrainConfig) -> list[dict]:
     """The side-channel's parameters in its optimizer groups (`RetrofitTrainee.parameter_groups`)."""
     return RetrofitTrainee(model, cfg).parameter_groups(cfg)
@@ -197,6 +211,7 @@ def open_training(cfg: TrainConfig, run_dir: Path, resume: bool, show_progress: 
     files = RunFolder(run_dir)
     check_identity(cfg, files, resume, overwrite, remove=accelerator.is_main_process, recipe=recipe)
     splits, record = load_splits(cfg.data)  # cheap; an empty data set fails here, before the model
+    check_weights(cfg, record)
     if recipe.adds_side_channel:  # the retrofit's blocks and skip branch against the backbone's config
         check_against_backbone(cfg)
     else:  # a recipe that adds no side-channel: only the sequence length against the backbone's positions
