@@ -599,3 +599,27 @@ def test_the_backbone_only_teacher_replaces_ce_by_the_full_paths_kl_to_the_backb
     assert kd["kl"].item() == pytest.approx(ce["kl"].item(), rel=1e-5)  # the skip branch's term is the same
     assert kd["loss"].item() == pytest.approx(kd["kd"].item() + kd["kl"].item(), rel=1e-5)
     assert ce["kd"].item() == 0 and ce["loss"].item() == pytest.approx(ce["ce"].item() + ce["kl"].item(), rel=1e-5)
+
+
+def test_a_full_disk_during_a_checkpoint_is_one_line_and_leaves_no_temporary(tmp_path, monkeypatch):
+    """torch.save on a full disk raises a RuntimeError ("unexpected pos"): the half-written `.tmp-step-*` is removed
+    (it would keep filling the disk), the previous checkpoint stays the newest, and the error says what to do."""
+    from reskip.errors import ReskipError
+    from reskip.train import checkpoint
+
+    class Trainee:
+        def save_weights(self, folder, step):
+            folder.mkdir(parents=True)
+            (folder / "adapter.bin").write_bytes(b"x" * 1000)
+
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
+    first = checkpoint.save_checkpoint(tmp_path, 1, Trainee(), optimizer, 10)
+
+    def full(*args, **kwargs):
+        raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 1234 vs 1180")
+
+    monkeypatch.setattr(checkpoint.torch, "save", full)
+    with pytest.raises(ReskipError, match="is the disk full.*newest checkpoint is .*step-000001"):
+        checkpoint.save_checkpoint(tmp_path, 2, Trainee(), optimizer, 20)
+    root = checkpoint.checkpoints_dir(tmp_path)
+    assert not list(root.glob(".tmp-step-*")) and checkpoint.latest_checkpoint(tmp_path) == first

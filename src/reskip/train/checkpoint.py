@@ -35,14 +35,25 @@ def save_checkpoint(run_dir: Path, step: int, trainee, optimizer, tokens_seen: i
     tmp = root / f".tmp-step-{step:06d}"
     if tmp.exists():
         shutil.rmtree(tmp)
-    trainee.save_weights(tmp, step)
-    state = {
-        "step": step,
-        "tokens_seen": tokens_seen,
-        "optimizer": optimizer.state_dict(),
-        "torch_rng": torch.get_rng_state(),
-    }
-    torch.save(state, tmp / STATE_NAME)
+    try:
+        trainee.save_weights(tmp, step)
+        state = {
+            "step": step,
+            "tokens_seen": tokens_seen,
+            "optimizer": optimizer.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+        }
+        torch.save(state, tmp / STATE_NAME)
+    except (OSError, RuntimeError) as e:
+        # a full disk reaches torch.save as a RuntimeError ("unexpected pos ..."): the half-written temporary goes,
+        # so it does not keep filling the disk, and the previous checkpoint stays the newest
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, RuntimeError) and not _looks_like_io(e):
+            raise
+        last = latest_checkpoint(run_dir)
+        raise ReskipError(f"could not write the checkpoint of step {step} into {root} ({_first_line(e)}); is the disk "
+                          f"full? Nothing half-written was left; the newest checkpoint is {last or 'none'}: free some "
+                          "space and resume") from None
     with_umask(tmp)  # a library's 0600 weights readable where the user's umask lets them
     if final.exists():
         shutil.rmtree(final)
@@ -51,6 +62,17 @@ def save_checkpoint(run_dir: Path, step: int, trainee, optimizer, tokens_seen: i
     for old in sorted(p for p in root.glob("step-*") if p != final)[:-(KEEP - 1) or None]:
         shutil.rmtree(old)
     return final
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return (text.splitlines()[0] if text else type(e).__name__)[:200]
+
+
+def _looks_like_io(e: RuntimeError) -> bool:
+    """torch.save's writer reports a failed write (ENOSPC, EIO) as a RuntimeError of its own."""
+    text = str(e).lower()
+    return any(w in text for w in ("unexpected pos", "write", "no space", "file", "i/o", "errno"))
 
 
 def latest_checkpoint(run_dir: Path, state_name: str = STATE_NAME) -> Path | None:
