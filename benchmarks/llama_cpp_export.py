@@ -25,6 +25,7 @@ llama.cpp"). Prints one JSON line and writes it to --out.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -37,28 +38,74 @@ from pathlib import Path
 from reskip.machine_load import load_average, load_report, spread
 
 
+def fail(message: str) -> None:
+    print(f"llama_cpp_export: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def folder_digest(folder: Path) -> str:
+    """What a converted GGUF was made from: the sha256 of the folder's config and weights (a second model exported
+    into the same folder name is converted anew, never read back as the first)."""
+    digest = hashlib.sha256()
+    for f in sorted([folder / "config.json", *folder.glob("*.safetensors")]):
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 22), b""):
+                digest.update(chunk)
+    return digest.hexdigest()[:16]
+
+
+def run_tool(argv: list, what: str, **kwargs) -> subprocess.CompletedProcess:
+    """A llama.cpp tool, its failure one line with the tool's own last words (never a traceback around them)."""
+    try:
+        return subprocess.run([str(a) for a in argv], check=True, capture_output=True, text=True, **kwargs)
+    except subprocess.CalledProcessError as e:
+        last = [line for line in (e.stderr or e.stdout or "").strip().splitlines() if line.strip()][-3:]
+        fail(f"{what} failed (exit {e.returncode}): {' / '.join(last) or 'no output'}")
+
+
 def convert(llama_cpp: Path, folder: Path, out: Path, outtype: str) -> Path:
-    """A plain Hugging Face folder -> one GGUF file, by llama.cpp's converter (its own gguf-py on the path)."""
+    """A plain Hugging Face folder -> one GGUF file, by llama.cpp's converter (its own gguf-py on the path); named
+    by the folder's digest, so a file converted earlier is read back only for the same model."""
+    out = out.with_name(f"{out.stem}-{folder_digest(folder)}{out.suffix}")
     if out.is_file():
         return out
     env = {**os.environ, "PYTHONPATH": str(llama_cpp / "gguf-py") + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    subprocess.run([sys.executable, str(llama_cpp / "convert_hf_to_gguf.py"), str(folder), "--outtype", outtype,
-                    "--outfile", str(out)], check=True, env=env, capture_output=True, text=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    run_tool([sys.executable, llama_cpp / "convert_hf_to_gguf.py", folder, "--outtype", outtype, "--outfile", tmp],
+             f"llama.cpp's converter on {folder}", env=env)
+    tmp.replace(out)
     return out
+
+
+def check_arguments(a) -> None:
+    """Every input before any work: the llama.cpp checkout and its built tools, the compressed folder."""
+    llama_cpp = Path(a.llama_cpp)
+    if not (llama_cpp / "convert_hf_to_gguf.py").is_file():
+        fail(f"--llama-cpp {llama_cpp}: no llama.cpp checkout there (convert_hf_to_gguf.py is missing); the module's "
+             "help says how to get and build one")
+    tools = ["llama-bench", "llama-perplexity"] + (["llama-quantize"] if a.quantize else [])
+    missing = [t for t in tools if not (llama_cpp / "build" / "bin" / t).is_file()]
+    if missing:
+        fail(f"--llama-cpp {llama_cpp}: {', '.join(missing)} not built (cmake --build build --target {' '.join(tools)} "
+             "-j 2)")
+    compressed = Path(a.compressed)
+    if not (compressed / "config.json").is_file() or not (compressed / "reskip.json").is_file():
+        fail(f"--compressed {compressed}: not a folder `reskip compress` (its model/) or `reskip export` wrote")
+    if a.rounds < 1 or a.chunks < 1 or a.ctx < 8 or a.threads < 1:
+        fail("--rounds, --chunks and --threads take 1 or more, --ctx 8 or more")
 
 
 def quantize(tool: Path, gguf: Path, kind: str) -> Path:
     """llama-quantize's `kind` (e.g. Q4_1, the bundled original's type) of a converted GGUF file."""
-    out = gguf.with_name(gguf.stem.rsplit("-", 1)[0] + f"-{kind.lower()}.gguf")
+    out = gguf.with_name(gguf.stem + f"-{kind.lower()}.gguf")
     if not out.is_file():
-        subprocess.run([str(tool), str(gguf), str(out), kind], check=True, capture_output=True, text=True)
+        run_tool([tool, gguf, out, kind], f"llama-quantize {kind}")
     return out
 
 
 def bench(tool: Path, model: Path, threads: int, prompt: int, gen: int) -> dict:
     """llama-bench's tokens per second for a prompt of `prompt` tokens and a generation of `gen`."""
-    proc = subprocess.run([str(tool), "-m", str(model), "-p", str(prompt), "-n", str(gen), "-t", str(threads),
-                           "-r", "3", "-o", "json"], check=True, capture_output=True, text=True)
+    proc = run_tool([tool, "-m", model, "-p", prompt, "-n", gen, "-t", threads, "-r", 3, "-o", "json"], "llama-bench")
     rows = json.loads(proc.stdout)
     out = {}
     for r in rows:
@@ -71,10 +118,9 @@ def kl_divergence(tool: Path, original: Path, compressed: Path, text: Path, base
                   threads: int) -> dict:
     """llama-perplexity's KL of the compressed model to the original's saved logits, on `chunks` windows of `ctx`."""
     common = ["-f", str(text), "-c", str(ctx), "-b", str(ctx), "--chunks", str(chunks), "-t", str(threads)]
-    first = subprocess.run([str(tool), "-m", str(original), *common, "--kl-divergence-base", str(base)],
-                           check=True, capture_output=True, text=True)
-    second = subprocess.run([str(tool), "-m", str(compressed), "--kl-divergence-base", str(base), "--kl-divergence",
-                             *common], check=True, capture_output=True, text=True)
+    first = run_tool([tool, "-m", original, *common, "--kl-divergence-base", base], "llama-perplexity (original)")
+    second = run_tool([tool, "-m", compressed, "--kl-divergence-base", base, "--kl-divergence", *common],
+                      "llama-perplexity (compressed)")
     out = parse_kl_log(second.stdout + second.stderr)
     out["ppl_original_run"] = _final_ppl(first.stdout + first.stderr)
     return out
@@ -125,6 +171,7 @@ def main() -> None:
     p.add_argument("--work", default="runs/llama-cpp", help="where the GGUF files and the logits go")
     p.add_argument("--out", default=None)
     a = p.parse_args()
+    check_arguments(a)
     load_before = load_average()
     from reskip.backbones.loading import resolve
 
