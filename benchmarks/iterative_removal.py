@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
 from heal_objectives import score_arms
 
 from reskip.ar_retrofit.accounting import count_params
+from reskip.ar_retrofit.blocks import retrofit_blocks
 from reskip.backbones.loading import load_backbone, load_config
 from reskip.compress.arm import LoraArm, load_arm_model
 from reskip.compress.blocks import backbone_block_costs
@@ -27,6 +29,7 @@ from reskip.compress.iterative import candidate_units, iterative_removal, remove
 from reskip.compress.train import train_lora
 from reskip.data.packing import Packed, pack
 from reskip.data.sources import load_splits
+from reskip.errors import ReskipError
 from reskip.progress import Progress
 from reskip.research.pipeline import PRESETS, PipelineConfig
 from reskip.train_config import TrainConfig
@@ -43,10 +46,26 @@ def main() -> None:
     ap.add_argument("--score-sequences", type=int, default=None,
                     help="calibration sequences each round reads (default: all the preset's; A(n) reads all)")
     args = ap.parse_args()
+    try:
+        run(args)
+    except ReskipError as e:  # a refusal is one line, as the command line's are
+        print(f"iterative_removal: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def run(args) -> None:
+    if args.drop < 1 or args.round_steps < 1 or (args.score_sequences is not None and args.score_sequences < 1):
+        raise ReskipError("--drop, --round-steps and --score-sequences take 1 or more")
+    if args.preset not in PRESETS:
+        raise ReskipError(f"--preset {args.preset}: one of {', '.join(PRESETS)}")
     out = Path(args.out)
     pc = PipelineConfig(preset=args.preset)
     cfg = TrainConfig.from_dict({**pc.train_config().to_dict(), "lr": args.lr})
-    target = count_params(load_config(cfg.model), cfg.retrofit_config()).new_params
+    config = load_config(cfg.model)
+    target = count_params(config, cfg.retrofit_config()).new_params
+    middle = len(retrofit_blocks(config.num_hidden_layers, cfg.retrofit_config().block_size)) - 2
+    if args.drop > middle:  # before any weights load
+        raise ReskipError(f"--drop {args.drop}: the model has {middle} middle blocks")
     splits, _ = load_splits(cfg.data)
     backbone, tok = load_backbone(cfg.model, cfg.dtype)
     calib = pack(tok, splits["calib"], cfg.seq_len, PRESETS[args.preset]["calibrate"]["sequences"], seed=0)

@@ -15,6 +15,7 @@ import argparse
 import importlib.util
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -61,6 +62,19 @@ def evaluate(pretrained: str, tasks: Path, limit: int, dtype: str, batch_size: i
             "n": limit, "wall_s": time.perf_counter() - t0}
 
 
+def check_arguments(args) -> None:
+    """--compressed an exported folder, --limit and --batch-size at least 1: one line, exit 2, before any work."""
+    folder = Path(args.compressed)
+    if not (folder / "config.json").is_file() or not any(folder.glob("*.safetensors")):
+        print(f"lm_eval_export: error: --compressed {folder}: not a model folder (`reskip compress` writes its model/, "
+              "`reskip export` its --out)", file=sys.stderr)
+        raise SystemExit(2)
+    if args.limit < 1 or args.batch_size < 1:
+        print("lm_eval_export: error: --limit and --batch-size take 1 or more (0 questions leaves nothing to "
+              "score)", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from reskip.backbones.loading import resolve
@@ -74,6 +88,7 @@ def main() -> None:
     ap.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when torch sees one, else cpu)")
     ap.add_argument("--out", default=None, help="write the JSON line here too")
     args = ap.parse_args()
+    check_arguments(args)  # before the original is scored for minutes
     import torch
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")

@@ -66,3 +66,21 @@ def test_the_llama_cpp_benchmark_refuses_in_one_line_and_never_reuses_another_mo
     first = bench.folder_digest(compressed)
     (compressed / "model.safetensors").write_bytes(b"two")  # another model exported under the same name
     assert bench.folder_digest(compressed) != first
+
+
+def test_the_lm_eval_and_iterative_benchmarks_refuse_before_any_work(tmp_path):
+    """lm_eval_export checks --compressed and --limit before scoring the original for minutes; iterative_removal's
+    refusals are one line, not tracebacks."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[1] / "benchmarks"
+    cases = [(["lm_eval_export.py", "--compressed", str(tmp_path)], "not a model folder"),
+             (["lm_eval_export.py", "--compressed", str(tmp_path), "--limit", "0"], "not a model folder"),
+             (["iterative_removal.py", "--out", str(tmp_path / "o"), "--drop", "0"], "take 1 or more"),
+             (["iterative_removal.py", "--out", str(tmp_path / "o"), "--preset", "huge"], "--preset huge: one of")]
+    for argv, message in cases:
+        done = subprocess.run([sys.executable, str(bench / argv[0]), *argv[1:]], capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr, done.stderr
