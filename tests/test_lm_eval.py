@@ -95,3 +95,15 @@ def test_the_export_benchmark_runs_lm_eval_s_own_hf_model_on_a_plain_folder(tmp_
     assert "correct_answer" in (tasks / "reskip_mmlu.jsonl").read_text().splitlines()[0]
     r = bench.evaluate(str(resolve(None)[1]), tasks, 4, "float32", 4, "cpu")
     assert r["n"] == 4 and 0 <= r["acc"] <= 1 and 0 <= r["acc_norm"] <= 1
+
+
+def test_an_unknown_model_arg_is_refused_not_dropped(adapter_with_policy):
+    """A model_arg neither reskip's model nor the harness's hf model takes (a typo, `windw=4`) is one error naming it,
+    never accepted and ignored."""
+    from reskip.errors import ReskipError
+    from reskip.evaluate.lm_eval_model import ReskipArmLM, ReskipLM
+
+    with pytest.raises(ReskipError, match="unknown windw"):
+        ReskipLM(adapter=str(adapter_with_policy / "adapter"), windw="4")
+    with pytest.raises(ReskipError, match="unknown deph"):
+        ReskipArmLM(arm=str(adapter_with_policy), deph="1")

@@ -16,6 +16,7 @@ reskip adds no .pth file.
 
 from __future__ import annotations
 
+import inspect
 import sys
 from pathlib import Path
 
@@ -59,6 +60,17 @@ def _placement(dtype: str, device: str | None) -> str:
     return device or "auto"
 
 
+def _check_model_args(kwargs: dict, name: str, own: tuple[str, ...]) -> None:
+    """Every model_arg is one this model or the harness's own hf model names (HFLM would take an unknown one into
+    its **kwargs and go on without it): one error naming it."""
+    harness = [k for k, v in inspect.signature(HFLM.__init__).parameters.items()
+               if k not in ("self", "pretrained", "tokenizer") and v.kind is not inspect.Parameter.VAR_KEYWORD]
+    unknown = sorted(set(kwargs) - set(harness))
+    if unknown:
+        raise ReskipError(f"--model_args of {name}: unknown {', '.join(unknown)}; its own are {', '.join(own)}, and "
+                          f"the harness's hf model takes {', '.join(harness)}")
+
+
 @register_model("reskip")
 class ReskipLM(HFLM):
     def __init__(self, adapter: str | None = None, policy: str = "reskip", model: str | None = None,
@@ -66,6 +78,8 @@ class ReskipLM(HFLM):
         # The harness hands model_args over as strings: this is where they become objects, each checked once.
         if not adapter:
             raise ReskipError("--model_args needs adapter=RUN (a trained retrofit run folder)")
+        _check_model_args({k: v for k, v in kwargs.items() if k != "pretrained"}, "reskip",
+                          ("adapter", "policy", "model", "window", "dtype", "seed", "device"))
         opened = open_run(adapter, [parse_spec(policy, allow_path=True)], model=model, dtype=dtype,
                           device=_placement(dtype, device), window=_whole("window", window, 1),
                           seed=_whole("seed", seed, 0) or 0, dense_fallback=True)
@@ -98,6 +112,8 @@ class ReskipArmLM(HFLM):
                  device: str | None = None, **kwargs):
         if not arm:
             raise ReskipError("--model_args needs arm=RUN (a trained arm's folder)")
+        _check_model_args({k: v for k, v in kwargs.items() if k != "pretrained"}, "reskip-arm",
+                          ("arm", "depth", "dtype", "device"))
         depth = _whole("depth", depth, 0)
         _, recorded = read_arm(Path(arm))
         arm_layers(recorded, Path(arm), depth)  # a depth the arm does not serve: refused before loading
