@@ -77,6 +77,7 @@ BAD = [
     (["train", "--config", "{files}/latin1.yaml", "--out", "{tmp}/t"], "is not UTF-8 text"),
     (["train", "--out", "{files}/latin1.json"], "is a file"),
     (["run", "--out", "{files}/latin1.json"], "is a file"),
+    (["run", "--out", "{run}", "--preset", "quick"], "that `reskip run` did not start"),
     (["run-parity", "--out", "{files}/latin1.json"], "is a file"),
     (["eval", "--adapter", "{run}", "--out", "{files}/latin1.json"], "is a file"),
     (["report", "{run}", "--out", "{files}/latin1.json"], "is a file"),

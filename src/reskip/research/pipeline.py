@@ -128,6 +128,10 @@ def run_pipeline(run_dir: Path, config: PipelineConfig | None = None, resume: bo
         raise ReskipError(f"{run.root} is not a pipeline run folder (no pipeline.json)")
     if not resume and run.pipeline.is_file():
         raise ReskipError(f"{run.root} already holds a run: use --resume {run.root} or another --out")
+    held = [p.name for p in (run.config, run.adapter, run.summary, run.checkpoints) if p.exists()]
+    if not resume and held:  # a training run of `reskip train`'s, not this pipeline's: never trained over
+        raise ReskipError(f"{run.root} holds a training run ({', '.join(held)}) that `reskip run` did not start: "
+                          "choose another --out (`reskip calibrate`, `eval` and `report` take that run as it is)")
     with writing(run.root):
         return _run_stages(run, config, resume)
 
