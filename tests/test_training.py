@@ -623,3 +623,29 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_and_leaves_no_temporary(tmp
         checkpoint.save_checkpoint(tmp_path, 2, Trainee(), optimizer, 20)
     root = checkpoint.checkpoints_dir(tmp_path)
     assert not list(root.glob(".tmp-step-*")) and checkpoint.latest_checkpoint(tmp_path) == first
+
+
+def test_a_run_resumes_from_its_own_checkpoints_only(tiny_run, tmp_path, capsys):
+    """Another run's checkpoints, linked in or copied under a config of another seed, are refused on resume: the
+    adapter they hold would be labelled with settings it was not trained with."""
+    import shutil
+
+    import yaml
+
+    from reskip.cli import main
+    from reskip.train.run import train_run
+
+    cfg = tiny_run(steps=2, save_every=1)
+    train_run(tmp_path / "a", cfg, show_progress=False)
+    b = tmp_path / "b"
+    b.mkdir()
+    config = yaml.safe_load((tmp_path / "a" / "config.yaml").read_text())
+    (b / "config.yaml").write_text(yaml.safe_dump({**config, "seed": 5, "steps": 3}))
+    (b / "checkpoints").symlink_to(tmp_path / "a" / "checkpoints")
+    assert main(["train", "--resume", str(b), "--quiet"]) == 2
+    assert "is a link" in capsys.readouterr().err
+    (b / "checkpoints").unlink()
+    shutil.copytree(tmp_path / "a" / "checkpoints", b / "checkpoints")
+    assert main(["train", "--resume", str(b), "--quiet"]) == 2
+    assert "written by a run of other settings" in capsys.readouterr().err
+    assert not (b / "adapter").exists()

@@ -9,6 +9,8 @@ tensors and plain containers only, never arbitrary objects.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import shutil
 from pathlib import Path
@@ -28,8 +30,16 @@ def checkpoints_dir(run_dir: Path) -> Path:
     return RunFolder(run_dir).checkpoints
 
 
-def save_checkpoint(run_dir: Path, step: int, trainee, optimizer, tokens_seen: int) -> Path:
+def identity_digest(identity: dict) -> str:
+    """The run's identity (what it trains: `recipe.identity(cfg)`) as a short digest a checkpoint carries."""
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def save_checkpoint(run_dir: Path, step: int, trainee, optimizer, tokens_seen: int,
+                    identity: dict | None = None) -> Path:
     root = checkpoints_dir(run_dir)
+    if root.is_symlink():
+        raise ReskipError(f"{root} is a link: a run's checkpoints are its own; remove the link and train again")
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:06d}"
     tmp = root / f".tmp-step-{step:06d}"
@@ -42,6 +52,7 @@ def save_checkpoint(run_dir: Path, step: int, trainee, optimizer, tokens_seen: i
             "tokens_seen": tokens_seen,
             "optimizer": optimizer.state_dict(),
             "torch_rng": torch.get_rng_state(),
+            **({"identity": identity_digest(identity)} if identity is not None else {}),
         }
         torch.save(state, tmp / STATE_NAME)
     except (OSError, RuntimeError) as e:
@@ -91,7 +102,7 @@ def latest_checkpoint(run_dir: Path, state_name: str = STATE_NAME) -> Path | Non
     return complete[-1] if complete else None
 
 
-def load_checkpoint(path: Path, trainee, optimizer) -> dict:
+def load_checkpoint(path: Path, trainee, optimizer, identity: dict | None = None) -> dict:
     """Restore the trainee's weights and the optimizer state in place; returns {'step', 'tokens_seen'}. A
     checkpoint of a LoRA arm trained before the one loop has no tokens count or RNG state: its tokens are its
     steps' (the caller's), its RNG the seed's."""
@@ -102,6 +113,9 @@ def load_checkpoint(path: Path, trainee, optimizer) -> dict:
         raise
     except Exception as e:  # noqa: BLE001 - any unreadable checkpoint gets the same clear message
         raise ReskipError(f"checkpoint {path} is unreadable ({type(e).__name__}: {e}); delete it to use an older one") from e
+    if identity is not None and "identity" in state and state["identity"] != identity_digest(identity):
+        raise ReskipError(f"checkpoint {path} was written by a run of other settings (a seed, a recipe or data other "
+                          "than this run's config.yaml): it is not this run's; train into another --out")
     optimizer.load_state_dict(state["optimizer"])
     if "torch_rng" in state:
         torch.set_rng_state(state["torch_rng"])

@@ -35,7 +35,7 @@ from ..io_atomic import atomic_write_json, atomic_write_text
 from ..progress import Progress
 from ..run_folder import RunFolder
 from ..train_config import TrainConfig
-from .checkpoint import CHECKPOINT_NAME, latest_checkpoint, load_checkpoint
+from .checkpoint import CHECKPOINT_NAME, checkpoints_dir, latest_checkpoint, load_checkpoint
 from .log import append_record, read_log, truncate_after
 from .process_group import check_launch, launched_processes
 from .schedules import learning_rate
@@ -233,7 +233,10 @@ def open_training(cfg: TrainConfig, run_dir: Path, resume: bool, show_progress: 
         ckpt = latest_checkpoint(run_dir)
         if ckpt is None:
             raise ReskipError(f"{run_dir} has no checkpoint to resume from")
-        state = load_checkpoint(ckpt, trainee, optimizer)
+        if checkpoints_dir(run_dir).is_symlink():
+            raise ReskipError(f"{checkpoints_dir(run_dir)} is a link: a run resumes from its own checkpoints only; "
+                              "remove the link, or train into another --out")
+        state = load_checkpoint(ckpt, trainee, optimizer, recipe.identity(cfg))
         start = state["step"]
         tokens_seen = state["tokens_seen"] if state["tokens_seen"] is not None else start * cfg.batch_size * cfg.seq_len
         if not 0 < start <= cfg.steps:

@@ -60,7 +60,8 @@ def _train(cfg: TrainConfig, run_dir: Path, resume: bool, on_step_end, show_prog
             bar.set_aside(val_s[-1], sum(val_s) / len(val_s) * validations_after(done, cfg))
         if done % cfg.save_every == 0 or done == cfg.steps:
             if run.main:
-                save_checkpoint(run.files.root, done, run.trainee, run.optimizer, run.tokens_seen)
+                save_checkpoint(run.files.root, done, run.trainee, run.optimizer, run.tokens_seen,
+                                run.recipe.identity(cfg))
             run.accelerator.wait_for_everyone()
         if on_step_end is not None:
             on_step_end(done, run.model)
