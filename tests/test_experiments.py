@@ -301,3 +301,19 @@ def test_scale_runs_the_main_job_per_preset_and_tables_every_finished_arm(tiny):
     assert main(["report", str(out)]) == 0
     page = (out / "report" / "report.html").read_text()
     assert "Experiment scale" in page and "captured by alpha" in page
+
+
+def test_a_results_file_edited_or_cut_is_one_error_naming_it(tmp_path):
+    """An experiment's results.json, an arm's arm.json or an evaluation's results.json edited to [] or {} is refused
+    by name and with what is missing, never a KeyError or AttributeError further on."""
+    from reskip.errors import ReskipError
+    from reskip.research.experiments.results_file import read_results
+
+    path = tmp_path / "results.json"
+    for text, missing in (("[]", "methods, heldout missing"), ("{}", "methods, heldout missing"),
+                          ('{"methods": {}}', "(heldout missing)")):
+        path.write_text(text)
+        with pytest.raises(ReskipError, match=missing.replace("(", r"\(").replace(")", r"\)")):
+            read_results(path, "methods", "heldout")
+    path.write_text('{"methods": {}, "heldout": {}}')
+    assert read_results(path, "methods", "heldout") == {"methods": {}, "heldout": {}}

@@ -18,6 +18,7 @@ from pathlib import Path
 from ...data.packing import pack
 from ...data.sources import load_splits
 from ...io_atomic import atomic_write_json
+from ...reading import read_json
 from ...run_folder import RunFolder
 from ...skip.inference_run import open_run
 from ...skip.policy_file import PolicyFile
@@ -29,6 +30,7 @@ from ..analysis.signal_test import signal_test
 from ..calibrate.options import CalibrateOptions
 from ..calibrate.run import calibrate_run
 from ..report.diagnostics import spearman
+from .results_file import read_results
 
 ARM_FILE = "arm.json"
 
@@ -74,13 +76,13 @@ def run_arm(arm: Arm, base: TrainConfig, folder: Path, measure: Measure, show=pr
     done = folder / ARM_FILE
     if done.is_file():
         show(f"[{arm.name}] measured already: {done}")
-        return json.loads(done.read_text())
+        return read_results(done, "arm", "train")
     t0 = time.perf_counter()
     cfg = arm.config(base)
     twin = finished_twin(folder, cfg, measure)
     if twin is not None:
         show(f"[{arm.name}] the same arm as {twin.parent}: its measurements reused, not trained again")
-        result = {**json.loads(twin.read_text()), "arm": arm.name, "note": arm.note, "train": arm.train,
+        result = {**read_results(twin, "arm"), "arm": arm.name, "note": arm.note, "train": arm.train,
                   "reused_from": str(twin.parent)}
         atomic_write_json(done, result)
         return result
@@ -136,7 +138,8 @@ def finished_twin(folder: Path, cfg: TrainConfig, measure: Measure) -> Path | No
         if other.parent.resolve() == folder.resolve():
             continue
         stored = RunFolder(other.parent).config
-        if not stored.is_file() or json.loads(other.read_text()).get("measure") != _as_stored(measure):
+        data = read_json(other)
+        if not stored.is_file() or not isinstance(data, dict) or data.get("measure") != _as_stored(measure):
             continue
         if TrainConfig.from_file(stored).to_dict() == mine:
             return other

@@ -75,6 +75,7 @@ from .baselines_tables import (
     verdict,
 )
 from .options import ExperimentOptions
+from .results_file import read_results
 
 
 @dataclass(frozen=True)
@@ -236,8 +237,8 @@ def _block_costs(pc: PipelineConfig, folder: Path, show) -> BlockCosts:
     path = folder / COSTS_FILE
     if path.is_file():
         d = read_json(path)
-        if d.get("settings") == settings:
-            return BlockCosts.from_dict(d)
+        if isinstance(d, dict) and d.get("settings") == settings:
+            return BlockCosts.from_dict(d, str(path))
     splits, _ = load_splits(cfg.data)
     model, tok = load_backbone(cfg.model, cfg.dtype, cfg.trust_remote_code, cfg.device)
     data = pack(tok, splits["calib"], cfg.seq_len, n_seq, seed=0)
@@ -295,7 +296,7 @@ def _recipe_eval(pc: PipelineConfig, folder: Path, arm: str, full: bool, models:
         calibrate_run(rdir, pc.calibrate_options())
     ev_dir = folder / RECIPE_EVAL / arm_slug(arm)  # per arm: a wider sweep may choose another
     path = ev_dir / "results.json"
-    if not path.is_file() or not set(models) <= set(read_json(path)["methods"]):
+    if not path.is_file() or not set(models) <= set(read_results(path, "methods")["methods"]):
         budgets = PolicyFile.load(files.policy).budgets()
         extra = ["static:1", "static:2"]
         if full:
@@ -303,7 +304,7 @@ def _recipe_eval(pc: PipelineConfig, folder: Path, arm: str, full: bool, models:
         opts = pc.eval_options()
         evaluate_run(rdir, dataclasses.replace(opts, methods=[*opts.methods, *parse_specs([*extra, *models], METHOD_KINDS)],
                                                benchmarks=[], out=str(ev_dir)))
-    ev = read_json(path)
+    ev = read_results(path, "methods", "heldout")
     ev["path"] = str(path)
     return ev
 

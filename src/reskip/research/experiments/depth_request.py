@@ -34,11 +34,11 @@ from ...errors import ReskipError
 from ...evaluate.generation import PROMPTS, agreement, greedy_continuations, prompt_ids
 from ...losses import ce_tokens, kl_sum
 from ...options import HELDOUT, PRESETS
-from ...reading import read_json
 from ...statistics import bootstrap_mean_difference
 from .baselines import arm_name, arm_slug
 from .options import ExperimentOptions
 from .record import claim, interval_text
+from .results_file import read_results
 
 PROMPT_SHARE = 4  # each scored sequence's first quarter is its prompt (64 tokens of the standard 256)
 SIGNALS = ("prompt_nll", "prompt_entropy", "prompt_gap")
@@ -51,7 +51,7 @@ def run(options: ExperimentOptions, folder: Path, show=print) -> dict:
     if not (nested_dir / "results.json").is_file():
         raise ReskipError(f"{nested_dir} has no results.json: run `reskip experiment nested` with the same --out "
                           "first (its nested model is what this experiment serves at a depth per request)")
-    nested = read_json(nested_dir / "results.json")
+    nested = read_results(nested_dir / "results.json", "lr", "rows")
     variant = nested.get("variants", ["nested"])[-1]  # the longest-trained nested model there is
     arm_dir = nested_dir / "arms" / arm_slug(arm_name(variant, nested["lr"]))
     cfg, arm = read_arm(arm_dir)

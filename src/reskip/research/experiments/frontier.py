@@ -34,6 +34,7 @@ from ..pipeline import PipelineConfig
 from ..report.figures import fig_fidelity_frontier
 from .options import ExperimentOptions
 from .record import claim, interval_text
+from .results_file import read_results
 from .static_mixture import backbone_row, minus_mixture, mixture, same_sequences
 
 BUDGETS = (0.5, 1.0, 1.5, 2.0)
@@ -46,7 +47,7 @@ def run(options: ExperimentOptions, folder: Path, show=print) -> dict:
     if not (root / "nested" / "results.json").is_file():
         raise ReskipError(f"{root / 'nested'} has no results.json: run `reskip experiment nested` with the same --out "
                           "first (its kd-healed models are the static points)")
-    nested = read_json(root / "nested" / "results.json")
+    nested = read_results(root / "nested" / "results.json", "training", "rows", "depths")
     recipe = _recipe_eval(options, folder, show)
     # each stacked variant's eval (eval/: the recipe; eval-VARIANT/: the others), when that experiment has run
     stacked = {p.parent.name.removeprefix("eval").removeprefix("-") or "recipe": read_json(p)
@@ -86,7 +87,7 @@ def _recipe_eval(options: ExperimentOptions, folder: Path, show) -> dict:
         methods = parse_specs(["backbone", "retrofit", "budgets"], METHOD_KINDS)
         evaluate_run(run_dir, dataclasses.replace(pc.eval_options(), methods=methods, benchmarks=[], heldout=[HELDOUT],
                                                   out=str(folder / "eval")))
-    return read_json(path)
+    return read_results(path, "methods", "heldout")
 
 
 def _methods(ev: dict, split: str) -> dict:

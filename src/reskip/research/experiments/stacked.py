@@ -43,6 +43,7 @@ from ..pipeline import PipelineConfig
 from .baselines import arm_name, arm_slug
 from .options import ExperimentOptions
 from .record import claim, interval_text
+from .results_file import read_results
 from .static_mixture import minus_mixture, mixture, same_sequences
 
 BUDGETS = (0.25, 0.5, 0.75)  # blocks of the healed model per step: between the static points
@@ -54,7 +55,7 @@ def run(options: ExperimentOptions, folder: Path, show=print) -> dict:
         raise ReskipError(f"{nested_dir} has no results.json: run `reskip experiment nested` with the same --out "
                           "first (its kd-1 and kd-2 arms are the static models this experiment stacks on and "
                           "compares with)")
-    nested = read_json(nested_dir / "results.json")
+    nested = read_results(nested_dir / "results.json", "lr", "rows")
     arm = nested_dir / "arms" / arm_slug(arm_name("kd-1", nested["lr"]))
     healed = folder / "healed-1"
     if not (healed / RECORD).is_file():
@@ -117,7 +118,7 @@ def _stacked_run(options: ExperimentOptions, folder: Path, healed: Path, origina
         methods = parse_specs(["backbone", "retrofit", "budgets"], METHOD_KINDS)
         evaluate_run(run_dir, dataclasses.replace(pc.eval_options(), methods=methods, benchmarks=[], heldout=[HELDOUT],
                                                   reference=original, out=str(ev_dir)))
-    return pc, read_json(ev_dir / "results.json")
+    return pc, read_results(ev_dir / "results.json", "methods", "heldout")
 
 
 def _summary(row: dict) -> dict:
