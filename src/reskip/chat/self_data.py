@@ -31,6 +31,7 @@ from .template import end_of_turn_ids, normalized, prompt_text, require_chat_tem
 from .user_turns import USER_SAMPLING, keep
 
 SETTINGS, BATCHES, SUMMARY = "settings.json", "batches.jsonl", "summary.json"
+OWN_SOURCES = ("self", "prompts")  # the data sources of the conversations the original wrote (`source_name`)
 REPLY_MODES = ("sample", "greedy")
 
 

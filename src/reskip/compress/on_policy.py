@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from ..chat.sampling import Sampling, batch_seed, write_batch
+from ..chat.self_data import OWN_SOURCES
 from ..chat.template import end_of_turn_ids, has_chat_template
 from ..data.documents import Document
 from ..data.packing import IGNORE
@@ -39,11 +40,14 @@ class PromptPool:
 
 
 def prompt_pool(tokenizer, docs: list[Document], max_prompt_tokens: int) -> PromptPool:
-    """The pool from the training split's chat documents (the turns before their first assistant reply)."""
+    """The pool from the training split's chat documents (the turns before their first assistant reply): those of the
+    model's own conversations (`self`, `prompts`: the requests it is deployed for) when the data has any, else every
+    chat document (a chat JSONL of the user's, the default mix's dialogue)."""
     if not has_chat_template(tokenizer):
         raise ReskipError("on-policy healing samples chat replies: this tokenizer has no chat template")
+    own = [d for d in docs if d.source in OWN_SOURCES and d.messages is not None]
     seen, texts, ids = set(), [], []
-    for d in docs:
+    for d in own or docs:
         if d.messages is None:
             continue
         first = next((i for i, m in enumerate(d.messages) if m["role"] == "assistant" and i > 0), None)
