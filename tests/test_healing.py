@@ -150,8 +150,10 @@ def test_on_policy_steps_and_the_students_samples(tmp_path):
     docs = [Document(f"c{i}", "self", messages=[{"role": "user", "content": f"w{5 + i} w{6 + i}"},
                                               {"role": "assistant", "content": "w9"}]) for i in range(4)]
     docs.append(Document("t", "text", text="w5 w6"))
-    pool = prompt_pool(tok, docs, 8)
+    dialogue = Document("d", "dialogue", messages=[{"role": "user", "content": "w40"}, {"role": "assistant", "content": "w9"}])
+    pool = prompt_pool(tok, [dialogue, *docs], 8)  # the model's own requests first: the dialogue's is left out
     assert pool.texts[0] == "w2 w5 w6 w1 w3 " and len(pool.texts) == 4
+    assert prompt_pool(tok, [dialogue, docs[-1]], 8).texts == ["w2 w40 w1 w3 "]  # no own requests: every chat one
     ids, labels = sampled_batch(model, tok, pool, step=3, seed=0, batch_size=3, reply_tokens=6)
     again = sampled_batch(model, tok, pool, step=3, seed=0, batch_size=3, reply_tokens=6)
     assert torch.equal(ids, again[0]) and torch.equal(labels, again[1])  # a pure function of (seed, step)
