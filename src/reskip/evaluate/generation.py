@@ -2,9 +2,8 @@
 backbone and by the method, compared token by token: the share of each continuation's tokens equal to the
 backbone's before the first divergence, and the share of prompts whose first sentence comes out the same.
 
-The prompts (`PROMPTS`) are sixteen short instructions of the kinds the bundled mix holds (explanation, advice,
-code, story, facts, reasoning), each put through the tokenizer's chat template when it has one, so an instruct
-model answers as it is deployed. Greedy decoding with the KV cache, `max_new_tokens` new tokens, one prompt at a
+The prompts (`PROMPTS`) are the sixteen fixed prompts of the held-out chat prompt set (`chat.prompt_sets`), each put
+through the tokenizer's chat template when it has one, so an instruct model answers as it is deployed. Greedy decoding with the KV cache, `max_new_tokens` new tokens, one prompt at a
 time (no padding); a model that stops early (end of sequence) is compared on what it wrote.
 """
 
@@ -15,25 +14,9 @@ import re
 import torch
 
 from ..backbones.devices import model_device
+from ..chat.prompt_sets import FIXED_PROMPTS
 
-PROMPTS = (
-    "Explain photosynthesis in two sentences.",
-    "What is the capital of France, and why is it famous?",
-    "Write a Python function that reverses a string.",
-    "Give me three tips for sleeping better.",
-    "Tell a short story about a cat who learns to swim.",
-    "Why is the sky blue?",
-    "How do I boil an egg?",
-    "Summarise the plot of Romeo and Juliet.",
-    "What is the difference between a list and a tuple in Python?",
-    "Describe the water cycle.",
-    "Write a haiku about autumn.",
-    "What causes earthquakes?",
-    "How can I be more productive when working from home?",
-    "Translate 'good morning' into French and Spanish.",
-    "If I have 3 apples and eat one, how many are left? Explain.",
-    "What are the main ingredients of bread?",
-)
+PROMPTS = FIXED_PROMPTS  # the held-out chat test set's first sixteen (`chat.prompt_sets`)
 SENTENCE_END = re.compile(r"[.!?\n]")
 
 
