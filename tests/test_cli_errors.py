@@ -65,7 +65,7 @@ BAD = [
     (["eval", "--adapter", "{run}", "--methods", "backbone", "retrofit", "--benchmarks", "none", "--seq-len", "100000"], "exceeds the model's limit"),
     (["generate", "hi", "--adapter", MISSING, "--policy", "static:inf"], "finite"),
     (["generate", "hi", "--adapter", MISSING, "--policy", "influence:1e400"], "finite"),
-    (["generate", "hi", "--adapter", MISSING, "--sample", "--temperature", "0"], "must be > 0"),
+    (["generate", "hi", "--adapter", MISSING, "--sample", "--temperature", "0"], "--temperature must be [0.01"),
     (["generate", "hi", "--adapter", MISSING, "--sample", "--temperature", "nan"], "--temperature"),
     (["generate", "hi", "--adapter", MISSING, "--sample", "--top-p", "2"], "--top-p"),
     (["generate", "caf\udce9", "--adapter", MISSING], "not valid UTF-8"),

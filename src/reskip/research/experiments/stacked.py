@@ -29,6 +29,7 @@ import numpy as np
 from ...backbones.loading import DEFAULT_BACKBONE
 from ...compress.export import RECORD, export_run
 from ...errors import ReskipError
+from ...evaluate.methods import REFERENCE
 from ...evaluate.run import evaluate_run
 from ...options import HELDOUT
 from ...reading import read_json
@@ -131,8 +132,9 @@ def _points(rows: dict, static: dict) -> list[dict]:
     evaluations scored the same sequences against the same original (checked: equal per-sequence positions and
     reference perplexity)."""
     pair = {k: static[k] for k in ("kd-1", "kd-2")}
-    same_sequences(rows["backbone"], pair["kd-1"])
-    if not np.allclose(rows["backbone"]["per_sequence"]["nll"], static["backbone"]["per_sequence"]["nll"], rtol=1e-5):
+    original = rows[REFERENCE]  # the stacked eval scores against the original through `--reference`
+    same_sequences(original, pair["kd-1"])
+    if not np.allclose(original["per_sequence"]["nll"], static["backbone"]["per_sequence"]["nll"], rtol=1e-5):
         raise ReskipError("the stacked eval and the nested experiment did not score against the same original: "
                           "rerun both with the same model, preset and dtype")
     out = []
