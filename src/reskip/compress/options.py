@@ -60,8 +60,8 @@ class CompressOptions(BackboneOptions):
                                   low=1, high=10_000_000)
     lr: float = described(0.002, "peak learning rate of the healing LoRA (the rate the kd arms were measured at)",
                           low=1e-8, high=1.0)
-    params: int | None = described(None, "the healing LoRA's trainable parameters (None: the side-channel's count at "
-                                         "the recipe's rank on this model, 982,663 on SmolLM2-135M)", low=1)
+    params: int | None = described(None, "the healing LoRA's trainable parameters (None: the healing's own rule, "
+                                         "0.73% of the model's parameters: 982,663 on SmolLM2-135M)", low=1)
     full_layers: int = described(0, "kept layers next to the cut trained in full, with the final norm (their "
                                     "learning rate a tenth of --lr), beside the LoRA on the other layers (0: the "
                                     "LoRA only)", low=0)
