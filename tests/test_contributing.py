@@ -1,4 +1,4 @@
-"""CONTRIBUTING.md's recipes, followed: a healing objective added as its guide says (a divergence function and one row
+"""CONTRIBUTING.md's how-tos, followed: a healing objective added as its guide says (a divergence function and one row
 of the table) is then an objective of `reskip compress`, of the healing loss and of the experiments."""
 
 import pytest

@@ -1,6 +1,6 @@
 """Training a baseline arm: a parameter-matched LoRA on the frozen backbone, or on the backbone with its cheapest
 blocks removed (healed static pruning), healed by `ce`, `kd` or `kd+ce` (`compress.objectives`). The training itself is
-the one loop's (`stages.train.train_run` with `lora_trainee.LoraRecipe`); this module is what `reskip experiment
+the one loop's (`stages.train.train_run` with `lora_trainee.LoraBuilder`); this module is what `reskip experiment
 baselines` asks of an arm's folder: train it, resume it when it stopped, read it back when it is finished."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from ..train.checkpoint import latest_checkpoint
 from ..train.run import train_run
 from ..train_config import TrainConfig
 from .arm import LoraArm
-from .trainee import LoraRecipe
+from .trainee import LoraBuilder
 
 
 def train_lora(cfg: TrainConfig, arm: LoraArm, run_dir: Path, show_progress: bool = True) -> dict:
@@ -24,11 +24,11 @@ def train_lora(cfg: TrainConfig, arm: LoraArm, run_dir: Path, show_progress: boo
     resumed from its newest checkpoint. Returns summary.json's content."""
     files = RunFolder(run_dir)
     cfg = dataclasses.replace(cfg, dtype=resolve_dtype_name(cfg.dtype))
-    recipe = LoraRecipe(arm)
+    builder = LoraBuilder(arm)
     if files.config.is_file():
-        recorded = recipe.recorded_identity(files.config)
+        recorded = builder.recorded_identity(files.config)
         recorded["dtype"] = resolve_dtype_name(recorded["dtype"])
-        asked = recipe.identity(cfg)
+        asked = builder.identity(cfg)
         if recorded != asked:
             differ = sorted({k for k in (*recorded, *asked) if recorded.get(k) != asked.get(k)})
             if differ == ["lora"]:
@@ -39,5 +39,5 @@ def train_lora(cfg: TrainConfig, arm: LoraArm, run_dir: Path, show_progress: boo
         if files.summary.is_file() and (files.adapter / "adapter_model.safetensors").is_file():
             return read_json(files.summary)
     resume = latest_checkpoint(files.root) is not None
-    train_run(files.root, cfg, resume=resume, show_progress=show_progress, overwrite=not resume, recipe=recipe)
+    train_run(files.root, cfg, resume=resume, show_progress=show_progress, overwrite=not resume, builder=builder)
     return read_json(files.summary)

@@ -1,4 +1,4 @@
-"""The LoRA recipe of the one training loop: a parameter-matched PEFT LoRA on the frozen backbone, with the
+"""The LoRA builder of the one training loop: a parameter-matched PEFT LoRA on the frozen backbone, with the
 backbone's chosen layers removed first (healed static pruning) or none (a plain LoRA), healed by `ce`, `kd` or
 `kd+ce` (`compress.objectives`).
 
@@ -42,7 +42,7 @@ from .on_policy import PromptPool, on_policy_step, prompt_pool, sampled_batch
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 
-class LoraRecipe:
+class LoraBuilder:
     """A LoRA arm (`LoraArm`: the parameters to match, the layers to remove, the healing objective)."""
 
     name = "lora"
@@ -75,7 +75,7 @@ class LoraRecipe:
 
     def recorded_identity(self, path: Path) -> dict:
         cfg, arm = read_arm(path.parent)  # compared as configs: a field added since reads as its default
-        return LoraRecipe(arm).identity(cfg)
+        return LoraBuilder(arm).identity(cfg)
 
     def check(self, cfg: TrainConfig) -> None:
         if cfg.shard:

@@ -31,7 +31,7 @@ def checkpoints_dir(run_dir: Path) -> Path:
 
 
 def identity_digest(identity: dict) -> str:
-    """The run's identity (what it trains: `recipe.identity(cfg)`) as a short digest a checkpoint carries."""
+    """The run's identity (what it trains: `builder.identity(cfg)`) as a short digest a checkpoint carries."""
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

@@ -1,7 +1,7 @@
 """The one training loop's machinery (its entry and the loop itself: `stages.train.train_run`): a run folder's
 identity, resume, checkpoints, log, progress, learning-rate schedule,
 batches, data-parallel (accelerate), FSDP2 sharding and trackers, around a *trainee* (`train.trainee`): the
-retrofit's side-channel (CE(full) + lambda_kl KL(teacher || skip) - lambda_ent H(alpha), the default recipe) or a
+retrofit's side-channel (CE(full) + lambda_kl KL(teacher || skip) - lambda_ent H(alpha), the default trainee) or a
 LoRA arm (`compress.trainee`).
 
 Runs on one process, or data-parallel under `accelerate launch` with no code change.
@@ -41,14 +41,14 @@ from .process_group import check_launch, launched_processes
 from .schedules import learning_rate
 from .sharding import average_gradients, shard_backbone
 from .trackers import TRACKER_RUN, hyperparameters, scalars
-from .trainee import Counts, RetrofitRecipe, RetrofitTrainee, Trainee
+from .trainee import Counts, RetrofitBuilder, RetrofitTrainee, Trainee
 
 
 class TrainingDiverged(ReskipError):
     pass
 
 
-RETROFIT = RetrofitRecipe()  # the default recipe
+RETROFIT = RetrofitBuilder()  # the default builder: the source design
 
 
 def prepare_data(cfg: TrainConfig, tokenizer, splits) -> tuple[Packed, Packed]:
@@ -101,7 +101,7 @@ class TrainingRun:
     train_data: Packed
     val_data: Packed
     files: RunFolder
-    recipe: object = RETROFIT
+    builder: object = RETROFIT
     step: int = 0
     tokens_seen: int = 0
     teacher_states: dict = field(default_factory=dict)  # the backbone's final hidden states on val_data, kept
@@ -125,14 +125,14 @@ TRAINING_FILES = ("config", "train_log", "checkpoints", "adapter", "summary")  #
 
 
 def check_identity(cfg: TrainConfig, files: RunFolder, resume: bool, overwrite: bool, remove: bool = True,
-                   recipe=None) -> None:
+                   builder=None) -> None:
     """Refuse to train over another run (unless `overwrite`: its training files are removed), and to resume a
     run with settings that contradict its own config.yaml."""
-    recipe = recipe or RETROFIT
+    builder = builder or RETROFIT
     if resume:
         if not files.config.is_file():
             raise ReskipError(f"{files.root} is not a training run folder (no config.yaml): nothing to resume")
-        ours, asked = recipe.recorded_identity(files.config), recipe.identity(cfg)  # the retrofit keys resolved
+        ours, asked = builder.recorded_identity(files.config), builder.identity(cfg)  # the retrofit keys resolved
         ours["dtype"] = resolve_dtype_name(ours["dtype"])
         diffs = [f"{k}: the run's {ours[k]!r}, asked {asked[k]!r}" for k in ours if ours[k] != asked[k]]
         if diffs:
@@ -147,7 +147,7 @@ def check_identity(cfg: TrainConfig, files: RunFolder, resume: bool, overwrite: 
     if held and not overwrite:
         raise ReskipError(f"{files.root} already holds a training run ({', '.join(p.name for p in held)}): "
                           "--resume it, pass --overwrite to replace it, or choose another --out")
-    foreign = not_written_by_training(files, recipe)
+    foreign = not_written_by_training(files, builder)
     if foreign:
         raise ReskipError(f"{files.root} holds files that are not a reskip training run's ({', '.join(foreign[:5])}): "
                           "--overwrite removes only a run's own files; move those away or choose another --out")
@@ -161,13 +161,13 @@ OWN_ADAPTER_FILES = {ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, CARD_NAME}
 OWN_TEMPORARY = re.compile(r"\.tmp-step-\d{6}|\.(latest|step-\d{6}|\.tmp-step-\d{6})\..+\.(tmp|old)")
 
 
-def not_written_by_training(files: RunFolder, recipe=None) -> list[str]:
+def not_written_by_training(files: RunFolder, builder=None) -> list[str]:
     """The paths among a folder's training files that training did not write (a config.yaml that is not this
     recipe's, anything in checkpoints/ or adapter/ but the run's own), which --overwrite must not remove."""
     out = []
     if files.config.is_file():
         try:
-            (recipe or RETROFIT).recorded_identity(files.config)
+            (builder or RETROFIT).recorded_identity(files.config)
         except ReskipError:
             out.append(str(files.config))
     elif files.config.exists():
@@ -180,7 +180,7 @@ def not_written_by_training(files: RunFolder, recipe=None) -> list[str]:
     return out
 
 
-def _engine(cfg: TrainConfig, run_dir: Path, recipe) -> Accelerator:
+def _engine(cfg: TrainConfig, run_dir: Path, builder) -> Accelerator:
     """The distributed engine for this process, after the checks that need its process count (the config's and
     the recipe's own, sharding's)."""
     # cpu=True on the CPU: under torchrun this gives gloo data-parallel on CPU processes; on CUDA each process
@@ -190,7 +190,7 @@ def _engine(cfg: TrainConfig, run_dir: Path, recipe) -> Accelerator:
     accelerator = Accelerator(gradient_accumulation_steps=cfg.grad_accum, cpu=device.type == "cpu",
                               log_with=cfg.report_to, project_dir=run_dir if cfg.report_to else None)
     cfg.validate(world_size=accelerator.num_processes)
-    recipe.check(cfg)
+    builder.check(cfg)
     if cfg.shard and accelerator.num_processes < 2:
         raise ReskipError("--shard splits the backbone over several processes: launch with torchrun --nproc_per_node N "
                           "or accelerate launch --multi_gpu --num_processes N")
@@ -201,24 +201,24 @@ def _engine(cfg: TrainConfig, run_dir: Path, recipe) -> Accelerator:
 
 
 def open_training(cfg: TrainConfig, run_dir: Path, resume: bool, show_progress: bool,
-                  overwrite: bool = False, recipe=None) -> TrainingRun:
+                  overwrite: bool = False, builder=None) -> TrainingRun:
     """Check the config, load the backbone and data, build the model, objective and optimizer (restored from
     the last checkpoint on `resume`), and write config.yaml and splits.json."""
-    recipe = recipe or RETROFIT
-    accelerator = _engine(cfg, run_dir, recipe)
+    builder = builder or RETROFIT
+    accelerator = _engine(cfg, run_dir, builder)
     # config.yaml, the adapter and a resumed run keep the dtype 'auto' resolved to on this hardware
     asked, cfg = cfg.dtype, dataclasses.replace(cfg, dtype=resolve_dtype_name(cfg.dtype, accelerator.device))
     files = RunFolder(run_dir)
-    check_identity(cfg, files, resume, overwrite, remove=accelerator.is_main_process, recipe=recipe)
+    check_identity(cfg, files, resume, overwrite, remove=accelerator.is_main_process, builder=builder)
     splits, record = load_splits(cfg.data)  # cheap; an empty data set fails here, before the model
     check_weights(cfg, record)
-    if recipe.adds_side_channel:  # the retrofit's blocks and skip branch against the backbone's config
+    if builder.adds_side_channel:  # the retrofit's blocks and skip branch against the backbone's config
         check_against_backbone(cfg)
     else:  # a recipe that adds no side-channel: only the sequence length against the backbone's positions
         cfg.check_against_model(load_config(cfg.model, cfg.trust_remote_code), n_blocks=None)
     torch.manual_seed(cfg.seed)
     if accelerator.is_main_process and show_progress:
-        print(f"[train] {recipe.name}: {cfg.steps} steps x {cfg.batch_size} x {cfg.seq_len} tokens, backbone in "
+        print(f"[train] {builder.name}: {cfg.steps} steps x {cfg.batch_size} x {cfg.seq_len} tokens, backbone in "
               f"{describe(asked)}", flush=True)
     # sharded: loaded on the host, then each layer's shard goes to this process's device
     base, tokenizer = load_backbone(cfg.model, cfg.dtype, cfg.trust_remote_code,
@@ -226,7 +226,7 @@ def open_training(cfg: TrainConfig, run_dir: Path, resume: bool, show_progress: 
     if cfg.shard:
         shard_backbone(base, accelerator.device)
     train_data, val_data = prepare_data(cfg, tokenizer, splits)
-    trainee = recipe.build(base, cfg, val_data, tokenizer=tokenizer, train_docs=splits["train"])
+    trainee = builder.build(base, cfg, val_data, tokenizer=tokenizer, train_docs=splits["train"])
     optimizer = torch.optim.AdamW(trainee.parameter_groups(cfg), lr=cfg.lr, weight_decay=cfg.weight_decay)
     start, tokens_seen = 0, 0
     if resume:
@@ -236,7 +236,7 @@ def open_training(cfg: TrainConfig, run_dir: Path, resume: bool, show_progress: 
         if checkpoints_dir(run_dir).is_symlink():
             raise ReskipError(f"{checkpoints_dir(run_dir)} is a link: a run resumes from its own checkpoints only; "
                               "remove the link, or train into another --out")
-        state = load_checkpoint(ckpt, trainee, optimizer, recipe.identity(cfg))
+        state = load_checkpoint(ckpt, trainee, optimizer, builder.identity(cfg))
         start = state["step"]
         tokens_seen = state["tokens_seen"] if state["tokens_seen"] is not None else start * cfg.batch_size * cfg.seq_len
         if not 0 < start <= cfg.steps:
@@ -249,7 +249,7 @@ def open_training(cfg: TrainConfig, run_dir: Path, resume: bool, show_progress: 
         objective, optimizer = accelerator.prepare(objective, optimizer)
     if accelerator.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(files.config, recipe.config_text(cfg))
+        atomic_write_text(files.config, builder.config_text(cfg))
         record["packed"] = {"train_sequences": len(train_data), "val_sequences": len(val_data), "seq_len": cfg.seq_len}
         atomic_write_json(files.splits, record)
         if resume:
@@ -258,7 +258,7 @@ def open_training(cfg: TrainConfig, run_dir: Path, resume: bool, show_progress: 
             files.train_log.unlink()
     if cfg.report_to:
         accelerator.init_trackers(TRACKER_RUN, config=hyperparameters(cfg.to_dict()))
-    return TrainingRun(cfg, accelerator, trainee, objective, optimizer, train_data, val_data, files, recipe, start,
+    return TrainingRun(cfg, accelerator, trainee, objective, optimizer, train_data, val_data, files, builder, start,
                        tokens_seen)
 
 

@@ -25,22 +25,22 @@ def train_run(
     on_step_end: Callable[[int, ReskipModel], None] | None = None,
     show_progress: bool = True,
     overwrite: bool = False,
-    recipe=None,
+    builder=None,
 ) -> Path | None:
     """Train into `run_dir` (config.yaml, splits.json, train_log.jsonl, checkpoints/, adapter/, summary.json);
     returns summary.json's path (None in the other processes of a data-parallel job, where rank 0 writes).
-    recipe: what trains (`RetrofitRecipe`, the default, or `lora_trainee.LoraRecipe`).
+    builder: what trains (`RetrofitBuilder`, the default, or `lora_trainee.LoraBuilder`).
 
     A folder that holds another training run is refused unless `overwrite` (its training files are then
     removed); `resume` continues the folder's own run, and settings that contradict it are refused."""
     with writing(Path(run_dir)):
-        summary = _train(cfg, Path(run_dir), resume, on_step_end, show_progress, overwrite, recipe or RETROFIT)
+        summary = _train(cfg, Path(run_dir), resume, on_step_end, show_progress, overwrite, builder or RETROFIT)
     return RunFolder(run_dir).summary if summary else None
 
 
 def _train(cfg: TrainConfig, run_dir: Path, resume: bool, on_step_end, show_progress: bool, overwrite: bool,
-           recipe) -> dict:
-    run = open_training(cfg, run_dir, resume, show_progress, overwrite, recipe)
+           builder) -> dict:
+    run = open_training(cfg, run_dir, resume, show_progress, overwrite, builder)
     cfg = run.cfg
     show = run.main and show_progress
     val_s = [validate(run, show)] if run.step == 0 else []  # seconds per validation: the time left counts them
@@ -61,7 +61,7 @@ def _train(cfg: TrainConfig, run_dir: Path, resume: bool, on_step_end, show_prog
         if done % cfg.save_every == 0 or done == cfg.steps:
             if run.main:
                 save_checkpoint(run.files.root, done, run.trainee, run.optimizer, run.tokens_seen,
-                                run.recipe.identity(cfg))
+                                run.builder.identity(cfg))
             run.accelerator.wait_for_everyone()
         if on_step_end is not None:
             on_step_end(done, run.model)

@@ -1,16 +1,16 @@
 """What the one training loop (`train.loop`) trains: a *trainee*. The loop owns everything a run has whatever it
 trains (the run folder's identity, resume, checkpoints, the log, progress, the schedule of the learning rate, the
 batches, data-parallel, FSDP2, trackers, the summary's file); a trainee owns what is its own (torchtune's recipe
-interface is the model: one shape, several recipes):
+interface is the model: one shape, several trainees):
 
 - `model`, `objective` (the nn.Module the engine wraps: one micro-batch's loss terms), its trainable parameters in
   optimizer groups, the step's plan (what varies per step beside the batch: a pure function of the step and seed);
 - its validation record, its summary, its final files (adapter/), and the weights a checkpoint holds.
 
-A *recipe* makes a trainee from the loaded backbone and says what identifies its runs (what config.yaml holds).
-Two recipes: the retrofit (`RetrofitRecipe`: the side-channel, the source design's three-term objective) and a LoRA
-on the frozen backbone, with or without layers removed (`compress.trainee.LoraRecipe`: healing by `ce`, `kd`,
-`kd+ce`). A new trained method adds a recipe (and its row in `skip.spec.KINDS`).
+A *builder* makes a trainee from the loaded backbone and says what identifies its runs (what config.yaml holds).
+Two builders: the retrofit (`RetrofitBuilder`: the side-channel, the source design's three-term objective) and a LoRA
+on the frozen backbone, with or without layers removed (`compress.trainee.LoraBuilder`: healing by `ce`, `kd`,
+`kd+ce`). A new trained method adds a builder (and its row in `skip.spec.KINDS`).
 """
 
 from __future__ import annotations
@@ -85,8 +85,8 @@ class Counts:
         return self.world * self.grad_accum / self.positions
 
 
-class RetrofitRecipe:
-    """The source design's recipe: the side-channel on the frozen backbone, CE(full) + lambda_kl KL(teacher ||
+class RetrofitBuilder:
+    """Builds the source design's trainee: the side-channel on the frozen backbone, CE(full) + lambda_kl KL(teacher ||
     skip) - lambda_ent H(alpha) (+ the signal and local terms), config.yaml the TrainConfig itself."""
 
     name = "retrofit"
@@ -100,7 +100,7 @@ class RetrofitRecipe:
         return cfg.to_yaml()
 
     def recorded_identity(self, path: Path) -> dict:
-        """The identity of the run whose config.yaml is `path` (an error if it is not this recipe's)."""
+        """The identity of the run whose config.yaml is `path` (an error if it is not this builder's)."""
         return self.identity(TrainConfig.from_file(path))
 
     def identity(self, cfg: TrainConfig) -> dict:
@@ -108,7 +108,7 @@ class RetrofitRecipe:
         return cfg.what_it_trains()
 
     def check(self, cfg: TrainConfig) -> None:
-        """What this recipe refuses of a config beyond `TrainConfig.validate` (before any weights load)."""
+        """What this builder refuses of a config beyond `TrainConfig.validate` (before any weights load)."""
 
 
 class RetrofitTrainee:
@@ -156,7 +156,7 @@ class RetrofitTrainee:
 
     def validate(self, data: Packed, step: int, cfg: TrainConfig, cache: dict, bar: Progress) -> dict:
         self.model.set_curriculum(curriculum(step, cfg.steps, cfg.hold_frac, cfg.ramp_end_frac))
-        # With chunked losses (the memory-lean recipe) validation scores one sequence at a time, so it holds
+        # With chunked losses (the memory-lean setting) validation scores one sequence at a time, so it holds
         # (1, T, V) logits, not the micro-batch's (B, T, V): otherwise it would set the run's peak.
         val_batch = 1 if cfg.loss_chunk else max(1, cfg.batch_size // max(1, cfg.grad_accum))
         skip_kl = cfg.skip_kl_curve or step in (0, cfg.steps)
