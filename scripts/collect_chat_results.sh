@@ -21,4 +21,5 @@ done
 for f in "$src"/data/*/settings.json "$src"/data/*/summary.json; do
   [ -f "$f" ] && { d="$dst/data/$(basename "$(dirname "$f")")"; mkdir -p "$d"; cp "$f" "$d/"; }
 done
+grep -rlF "$PWD/" "$dst" | xargs -r sed -i "s#$PWD/##g"   # paths relative to the checkout
 echo "copied into $dst"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import time
 from pathlib import Path
 
 from ..errors import ReskipError
@@ -50,6 +51,26 @@ def launched_job() -> str | None:
     return f"job {os.getppid()}" if "python" in parent.split(" ")[0] else None
 
 
+JOB_WAIT_S = 10.0  # how long a process of a distributed job waits to read that its job's first process holds it
+
+
+def _take(f, job: str | None) -> str | None:
+    """Take the lock (None), or say who holds it. A process of a distributed job reads the holder again for a few
+    seconds: the job's first process may hold the lock and not yet have written its name (or the file may still
+    name an earlier run's holder), and reading then would refuse a process of the very job that holds it."""
+    deadline = time.monotonic() + (JOB_WAIT_S if job is not None else 0.0)
+    while True:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return None
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip()
+        if job is None or holder.endswith(f" {job}") or time.monotonic() > deadline:
+            return holder
+        time.sleep(0.05)
+
+
 @contextlib.contextmanager
 def writing(root: Path):
     """Hold `root`'s lock while the body writes into it (the folder is created if needed)."""
@@ -66,17 +87,14 @@ def writing(root: Path):
     root.mkdir(parents=True, exist_ok=True)
     f = _open_lock(root / LOCK_NAME)
     job = launched_job()
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.seek(0)
-        holder = f.read().strip() or "another process"
+    holder = _take(f, job)
+    if holder is not None:
         f.close()
         if job is not None and holder.endswith(f" {job}"):  # a process of this same job holds it for the job
             yield
             return
-        raise ReskipError(f"{root} is being written by another reskip process ({holder}); wait for it to finish, "
-                          "or write into another --out") from None
+        raise ReskipError(f"{root} is being written by another reskip process ({holder or 'another process'}); wait "
+                          "for it to finish, or write into another --out") from None
     f.seek(0)
     f.truncate()
     f.write(f"pid {os.getpid()}" + (f" {job}" if job else ""))
