@@ -19,8 +19,8 @@ from pathlib import Path
 
 from reskip.ar_retrofit.accounting import count_params
 from reskip.backbones.loading import load_backbone, load_config
-from reskip.compress.arm import LoraArm
 from reskip.compress.blocks import backbone_block_costs, layer_distances
+from reskip.compress.healing_run import HealingConfig
 from reskip.compress.train import train_lora
 from reskip.data.packing import pack
 from reskip.data.sources import load_splits
@@ -70,7 +70,7 @@ def main() -> None:
         blocks = costs.blocks_within(layers)
     arms = {}
     for objective in args.objectives:
-        arm = LoraArm(params=target, drop_layers=layers, drop_blocks=blocks,
+        arm = HealingConfig(params=target, drop_layers=layers, drop_blocks=blocks,
                       objective=objective, temperature=args.temperature, full_layers=args.full_layers,
                       full_lr_mult=args.full_lr_mult)
         t0 = time.time()

@@ -23,8 +23,8 @@ from heal_objectives import score_arms
 from reskip.ar_retrofit.accounting import count_params
 from reskip.ar_retrofit.blocks import retrofit_blocks
 from reskip.backbones.loading import load_backbone, load_config
-from reskip.compress.arm import LoraArm, load_arm_model
 from reskip.compress.blocks import backbone_block_costs
+from reskip.compress.healing_run import HealingConfig, load_healed_model
 from reskip.compress.iterative import candidate_units, iterative_removal, removed_layers
 from reskip.compress.train import train_lora
 from reskip.data.packing import Packed, pack
@@ -78,13 +78,13 @@ def run(args) -> None:
     name = f"iterative-{args.unit}-{args.drop}"
     t0 = time.time()
 
-    def arm_for(layers: list[int]) -> LoraArm:
-        return LoraArm(params=target, drop_layers=layers, drop_blocks=costs.blocks_within(layers), objective="kd")
+    def arm_for(layers: list[int]) -> HealingConfig:
+        return HealingConfig(params=target, drop_layers=layers, drop_blocks=costs.blocks_within(layers), objective="kd")
 
     def heal(layers: list[int]):
         folder = out / f"iterative-{args.unit}-rounds" / f"removed-{len(layers)}"  # the same for every --drop
         train_lora(round_cfg, arm_for(layers), folder, show_progress=True)
-        return load_arm_model(folder)[0]
+        return load_healed_model(folder)[0]
 
     bar = Progress(sum(len(units) - i for i in range(k)), "iterative removal", unit="candidate")
     n = args.score_sequences or len(calib)

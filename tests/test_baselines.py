@@ -16,8 +16,8 @@ from reskip import compat
 from reskip.ar_retrofit.config import RetrofitConfig
 from reskip.ar_retrofit.model import retrofit
 from reskip.cli import main
-from reskip.compress.arm import LoraArm, load_arm_model
 from reskip.compress.blocks import prune
+from reskip.compress.healing_run import HealingConfig, load_healed_model
 from reskip.compress.lora import add_lora, trainable_parameters
 from reskip.compress.train import train_lora
 from reskip.lora_ranks import lora_parameters, matched_lora_config, matched_ranks
@@ -89,7 +89,7 @@ def test_healed_training_resumes_to_the_same_adapter_and_exports_a_plain_model(t
     checkpoint resumes to the uninterrupted run's adapter byte for byte; the export loads with
     AutoModelForCausalLM alone and gives the in-project model's logits."""
     cfg = _config(tiny_data)
-    arm = LoraArm(params=4_000, drop_layers=[2, 3], drop_blocks=[3, 4])
+    arm = HealingConfig(params=4_000, drop_layers=[2, 3], drop_blocks=[3, 4])
     whole = tmp_path / "whole"
     summary = train_lora(cfg, arm, whole, show_progress=False)
     assert summary["steps"] == 4 and summary["drop_layers"] == [2, 3]
@@ -112,7 +112,7 @@ def test_healed_training_resumes_to_the_same_adapter_and_exports_a_plain_model(t
     assert main(["export", str(whole), "--out", str(out)]) == 0
     exported = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     assert exported.config.num_hidden_layers == 4 and len(exported.config.layer_types) == 4
-    in_project, _ = load_arm_model(whole, "float32")
+    in_project, _ = load_healed_model(whole, "float32")
     ids = torch.randint(3, 90, (2, 12))
     with torch.no_grad():
         diff = (exported(input_ids=ids).logits - in_project(input_ids=ids).logits).abs().max().item()
@@ -135,8 +135,8 @@ def test_healed_training_resumes_to_the_same_adapter_and_exports_a_plain_model(t
     (compression / "compress.json").write_text("{}")
     for target, message in ((mine, "holds files export did not write (notes.txt)"),
                             (mine_marked, "holds files export did not write (notes.txt)"),
-                            (compression / "model", "inside the compression"), (whole, "the arm's own folder"),
-                            (whole / "sub", "the arm's own folder"), (Path(""), "--out is empty"),
+                            (compression / "model", "inside the compression"), (whole, "the healing run's own folder"),
+                            (whole / "sub", "the healing run's own folder"), (Path(""), "--out is empty"),
                             (Path.cwd(), "the working folder")):
         assert main(["export", str(whole), "--out", str(target)]) == 2
         assert message in capsys.readouterr().err
@@ -164,18 +164,18 @@ def test_baselines_experiment_trains_every_method_at_every_lr_and_reads_them_aga
     assert main(args) == 0
     r = json.loads((folder / "results.json").read_text())
     sweep_before = r["sweep"]
-    methods = ("recipe", "lora", "healed-static:1", "healed-static:2", "healed-static:1:kd", "healed-static:2:kd")
+    methods = ("recipe", "lora", "healed:1", "healed:2", "healed:1:kd", "healed:2:kd")
     assert set(r["sweep"]) == {f"{m}@{lr}" for m in methods for lr in ("0.01", "0.02")}
     for method, name in r["chosen"].items():  # each method's arm closest on validation to what it trains toward
         by = "val_kl" if method.endswith(":kd") else "val_ppl"
         assert r["chosen_by"][method] == by
         assert r["sweep"][name][by] == min(a[by] for a in r["sweep"].values() if a["method"] == method)
-    kd_arm = r["sweep"][r["chosen"]["healed-static:1:kd"]]
-    assert kd_arm["objective"] == "kd" and kd_arm["drop_blocks"] == r["sweep"][r["chosen"]["healed-static:1"]]["drop_blocks"]
+    kd_arm = r["sweep"][r["chosen"]["healed:1:kd"]]
+    assert kd_arm["objective"] == "kd" and kd_arm["drop_blocks"] == r["sweep"][r["chosen"]["healed:1"]]["drop_blocks"]
     costs = r["backbone_blocks"]["A"]
     cheapest = sorted((int(n) for n in costs if 1 < int(n) < 6), key=lambda n: costs[str(n)])
-    assert r["sweep"][r["chosen"]["healed-static:1"]]["drop_blocks"] == cheapest[:1]
-    assert r["sweep"][r["chosen"]["healed-static:2"]]["drop_blocks"] == sorted(cheapest[:2])
+    assert r["sweep"][r["chosen"]["healed:1"]]["drop_blocks"] == cheapest[:1]
+    assert r["sweep"][r["chosen"]["healed:2"]]["drop_blocks"] == sorted(cheapest[:2])
     rows = r["rows"]
     # the chosen recipe run's own eval
     ev = json.loads((folder / "recipe-eval" / r["chosen"]["recipe"] / "results.json").read_text())
@@ -187,9 +187,9 @@ def test_baselines_experiment_trains_every_method_at_every_lr_and_reads_them_aga
     for x in r["at_spent_compute"]["kjv"]:  # kjv's baselines matched at the skips each method measured on kjv
         assert ev["heldout"]["methods"][x["static"]]["mean_skipped"] == pytest.approx(x["skipped"], abs=0.01)
         assert x["static_ppl_ratio"] == ev["heldout"]["methods"][x["static"]]["ppl_ratio"]
-    assert rows["healed-static:2"]["blocks_skipped"] == {"test": 2, "kjv": 2}
+    assert rows["healed:2"]["blocks_skipped"] == {"test": 2, "kjv": 2}
     # the trained methods are scored in the recipe's eval, against its references: one evaluator, fidelity for all
-    for key, kind in (("lora", "lora"), ("healed-static:1", "healed"), ("pruned:2", "pruned")):
+    for key, kind in (("lora", "lora"), ("healed:1", "healed"), ("pruned:2", "pruned")):
         name = next(n for n, m in ev["methods"].items() if m["kind"] == kind and (kind != "pruned" or n == key))
         assert rows[key]["ppl_ratio"]["test"] == ev["methods"][name]["ppl_ratio"]
         assert rows[key]["kl_to_backbone"]["kjv"] == ev["heldout"]["methods"][name]["kl_to_backbone"] > 0
@@ -200,19 +200,19 @@ def test_baselines_experiment_trains_every_method_at_every_lr_and_reads_them_aga
     for d in r["intervals"].values():
         assert d["lo"] <= d["mean"] <= d["hi"]
     fid = r["fidelity_intervals"]["kl"]
-    assert {"healed-static:1:kd - healed-static:1 (kjv)", "healed-static:2:kd - pruned:2 (test)"} <= set(fid)
-    d = fid["healed-static:1:kd - healed-static:1 (test)"]
+    assert {"healed:1:kd - healed:1 (kjv)", "healed:2:kd - pruned:2 (test)"} <= set(fid)
+    d = fid["healed:1:kd - healed:1 (test)"]
     assert d["lo"] <= d["mean"] <= d["hi"]
-    assert d["mean"] == pytest.approx(rows["healed-static:1:kd"]["kl_to_backbone"]["test"]
-                                      - rows["healed-static:1"]["kl_to_backbone"]["test"], abs=1e-6)
+    assert d["mean"] == pytest.approx(rows["healed:1:kd"]["kl_to_backbone"]["test"]
+                                      - rows["healed:1"]["kl_to_backbone"]["test"], abs=1e-6)
     assert "closest to the backbone" in r["verdict"] and "KL of healing by kd minus by ce" in r["verdict"]
     assert len(r["claims"]) == 14 and "sequence:1" in r["verdict"] and "Nothing skipped, retrofit" in r["verdict"] and "on kjv" in r["verdict"]
     md = (folder / "results.md").read_text()
-    assert "healed-static:1" in md and "The learning-rate sweep" in md
+    assert "healed:1" in md and "The learning-rate sweep" in md
     assert (folder / "frontier.png").read_bytes()[:4] == b"\x89PNG"
     assert main(["report", str(out)]) == 0
     page = (out / "report" / "report.html").read_text()
-    assert "Baselines: quality against compute" in page and "healed-static:1" in page
+    assert "Baselines: quality against compute" in page and "healed:1" in page
 
     # the recipe's variants at the same total parameters, beside the finished arms (read back, not retrained)
     assert main([*args, "--variants"]) == 0
@@ -242,11 +242,11 @@ def test_export_round_trip_on_the_bundled_backbone(tmp_path):
     alone, gives the in-project model's logits within 1e-3 in float32."""
     cfg = TrainConfig(steps=1, batch_size=2, seq_len=32, eval_every=1, save_every=1, eval_sequences=1,
                       dtype="float32")
-    train_lora(cfg, LoraArm(params=982_663, drop_layers=[12, 13, 14, 15], drop_blocks=[4]), tmp_path / "run",
+    train_lora(cfg, HealingConfig(params=982_663, drop_layers=[12, 13, 14, 15], drop_blocks=[4]), tmp_path / "run",
                show_progress=False)
     assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "hf"), "--dtype", "float32"]) == 0
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
-    in_project, tok = load_arm_model(tmp_path / "run", "float32")
+    in_project, tok = load_healed_model(tmp_path / "run", "float32")
     ids = tok(["The capital of France is Paris, and the capital of Italy is"], return_tensors="pt").input_ids
     with torch.no_grad():
         diff = (exported(input_ids=ids).logits - in_project(input_ids=ids).logits).abs().max().item()
@@ -306,8 +306,8 @@ def test_eval_scores_trained_methods_beside_the_run_against_the_same_references(
     cfg = TrainConfig(model=str(tmp_path / "model"), data=[str(tmp_path / "corpus")], seq_len=16, steps=2,
                       batch_size=2, eval_every=2, save_every=2, eval_sequences=2, lr=1e-2, dtype="float32",
                       retrofit={"block_size": 2, "rank": 8})
-    train_lora(cfg, LoraArm(params=2_000), tmp_path / "lora", show_progress=False)
-    train_lora(cfg, LoraArm(params=2_000, drop_layers=[2, 3], drop_blocks=[2], objective="kd"), tmp_path / "healed",
+    train_lora(cfg, HealingConfig(params=2_000), tmp_path / "lora", show_progress=False)
+    train_lora(cfg, HealingConfig(params=2_000, drop_layers=[2, 3], drop_blocks=[2], objective="kd"), tmp_path / "healed",
                show_progress=False)
     assert main(["export", str(tmp_path / "healed"), "--out", str(tmp_path / "exported")]) == 0
     out = tmp_path / "ev"
@@ -337,7 +337,7 @@ def test_eval_scores_trained_methods_beside_the_run_against_the_same_references(
     capsys.readouterr()
     assert main(["eval", "--adapter", str(run), "--methods", f"healed:{tmp_path / 'lora'}", "--out",
                  str(tmp_path / "no")]) == 2
-    assert "is a lora arm: score it as lora:" in capsys.readouterr().err
+    assert "is a lora one: score it as lora:" in capsys.readouterr().err
 
 
 def test_block_costs_read_the_ablation_as_perplexity_kl_and_influence():
@@ -383,3 +383,32 @@ def test_angular_distances_find_a_layer_that_does_nothing():
     assert 0 not in d.cheapest_single(4) and 5 not in d.cheapest_single(4)
     run = d.cheapest_run(3)
     assert run == list(range(run[0], run[0] + 3)) and run[0] >= 1 and run[-1] <= 4
+
+
+def test_results_and_arm_folders_from_before_a_rename_read_with_todays_names(tmp_path):
+    """A healed pruning's rows were `healed-static:K` before they became `healed:K` (`static:K` is the retrofit's
+    skip policy): the stored baselines results read back under today's names, in keys and in strings alike, the
+    report's section on them draws and tabulates the healed rows, and an experiment folder made before the rename
+    keeps its finished arms (read back from their old folders, not trained again)."""
+    from reskip.research.experiments.baselines import arm_folder
+    from reskip.research.experiments.results_file import read_results
+    from reskip.research.report.experiments import experiment_sections
+
+    stored = Path(__file__).parents[1] / "docs" / "results" / "baselines" / "standard" / "results.json"
+    assert "healed-static:1" in json.loads(stored.read_text())["rows"]  # the file as it was written
+    data = read_results(stored, "rows", "intervals")
+    assert {"healed:1", "healed:2", "pruned:1", "static:1"} <= set(data["rows"])
+    assert "healed-static" not in json.dumps(data)
+    assert any(k.endswith(" - healed:1 (test)") for k in data["intervals"])
+    (tmp_path / "baselines").mkdir()
+    shutil.copy(stored, tmp_path / "baselines" / "results.json")
+    (title, png, _, body), = experiment_sections(tmp_path)
+    assert png and "healed:1" in body and "healed-static" not in body
+
+    arms = tmp_path / "exp" / "arms"
+    (arms / "healed-static-1@0.004").mkdir(parents=True)
+    assert arm_folder(tmp_path / "exp", "healed:1@0.004") == arms / "healed-static-1@0.004"
+    assert arm_folder(tmp_path / "exp", "healed:2@0.004") == arms / "healed-2@0.004"  # nothing older: today's
+    assert arm_folder(tmp_path / "exp", "lora@0.004") == arms / "lora@0.004"
+    (arms / "healed-1@0.004").mkdir()
+    assert arm_folder(tmp_path / "exp", "healed:1@0.004") == arms / "healed-1@0.004"  # today's folder wins

@@ -169,7 +169,7 @@ BAD = [
     (["experiment", "frontier", "--model", "{model}", "--out", "{tmp}/e"], "run `reskip experiment nested`"),
     (["experiment", "depth-request", "--model", "{model}", "--out", "{tmp}/e"], "run `reskip experiment nested`"),
     (["export", "{run}", "--out", "{tmp}/x", "--depth", "-1"], "--depth"),
-    (["generate", "hi", "--adapter", "{run}", "--depth", "1"], "is not an arm"),
+    (["generate", "hi", "--adapter", "{run}", "--depth", "1"], "is not a healing run"),
     (["calibrate", "--adapter", "{run}", "--budget-objective", "nll"], "invalid choice"),
     (["eval", "{run}", "--methods", "backbone", "--reference", MISSING, "--out", "{tmp}/e"], "cannot find model"),
     (["eval", "{run}", "--methods", "nested:1", "--out", "{tmp}/e"], "a depth and a folder"),

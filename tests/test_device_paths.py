@@ -114,7 +114,7 @@ def test_the_training_loops_on_the_device(tmp_path, monkeypatch):
     import reskip.train.loop as loop
     import reskip.train.trainee as trainee
     from helpers import save_tiny, write_corpus
-    from reskip.compress.arm import LoraArm
+    from reskip.compress.healing_run import HealingConfig
     from reskip.compress.train import train_lora
     from reskip.train.run import train_run
     from reskip.train_config import TrainConfig
@@ -131,7 +131,7 @@ def test_the_training_loops_on_the_device(tmp_path, monkeypatch):
     with sim:
         train_run(tmp_path / "run", cfg, show_progress=False)
         train_run(tmp_path / "run", cfg, resume=True, show_progress=False)
-        train_lora(cfg, LoraArm(params=1000), tmp_path / "lora", show_progress=False)
+        train_lora(cfg, HealingConfig(params=1000), tmp_path / "lora", show_progress=False)
 
 
 def _put(sim: SimulatedDevice, model):

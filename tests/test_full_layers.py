@@ -11,9 +11,9 @@ from transformers import AutoModelForCausalLM
 from helpers import save_tiny, tiny_model, tiny_train_config, write_corpus
 from reskip import compat
 from reskip.cli import main
-from reskip.compress.arm import LoraArm, load_arm_model
 from reskip.compress.blocks import prune_keeping
 from reskip.compress.full_layers import full_copies, layers_next_to_cut, train_in_float32
+from reskip.compress.healing_run import HealingConfig, load_healed_model
 from reskip.compress.lora import add_lora
 from reskip.compress.objectives import HealingObjective
 from reskip.compress.train import train_lora
@@ -81,7 +81,7 @@ def test_float32_copies_compute_between_bfloat16_layers():
 def test_an_arm_with_full_layers_trains_resumes_loads_and_exports(tmp_path):
     model, corpus = save_tiny(tmp_path / "model", "llama"), write_corpus(tmp_path / "corpus", n_docs=200)
     cfg = tiny_train_config(model, corpus, steps=4, dtype="bfloat16")
-    arm = LoraArm(params=2_000, drop_layers=[2, 3], drop_blocks=[2], objective="kd", full_layers=1)
+    arm = HealingConfig(params=2_000, drop_layers=[2, 3], drop_blocks=[2], objective="kd", full_layers=1)
     summary = train_lora(cfg, arm, tmp_path / "arm", show_progress=False)
     assert summary["lora"]["full_layers"] == [2] and summary["lora"]["full_parameters"] > 0
     assert summary["kl_full"]["end"] < summary["kl_full"]["start"]
@@ -94,7 +94,7 @@ def test_an_arm_with_full_layers_trains_resumes_loads_and_exports(tmp_path):
     train_lora(cfg, arm, stopped, show_progress=False)
     weights = "adapter/adapter_model.safetensors"
     assert (stopped / weights).read_bytes() == (tmp_path / "arm" / weights).read_bytes()
-    in_project, _ = load_arm_model(tmp_path / "arm", "float32")
+    in_project, _ = load_healed_model(tmp_path / "arm", "float32")
     assert main(["export", str(tmp_path / "arm"), "--out", str(tmp_path / "out")]) == 0
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32).eval()
     assert exported.config.num_hidden_layers == 4
@@ -106,4 +106,4 @@ def test_an_arm_with_full_layers_trains_resumes_loads_and_exports(tmp_path):
 
 def test_full_layers_need_a_cut():
     with pytest.raises(ReskipError, match="needs drop_layers"):
-        LoraArm(params=2_000, full_layers=1).check("config.yaml")
+        HealingConfig(params=2_000, full_layers=1).check("config.yaml")

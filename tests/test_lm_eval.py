@@ -101,9 +101,9 @@ def test_an_unknown_model_arg_is_refused_not_dropped(adapter_with_policy):
     """A model_arg neither reskip's model nor the harness's hf model takes (a typo, `windw=4`) is one error naming it,
     never accepted and ignored."""
     from reskip.errors import ReskipError
-    from reskip.evaluate.lm_eval_model import ReskipArmLM, ReskipLM
+    from reskip.evaluate.lm_eval_model import ReskipHealedLM, ReskipLM
 
     with pytest.raises(ReskipError, match="unknown windw"):
         ReskipLM(adapter=str(adapter_with_policy / "adapter"), windw="4")
     with pytest.raises(ReskipError, match="unknown deph"):
-        ReskipArmLM(arm=str(adapter_with_policy), deph="1")
+        ReskipHealedLM(run=str(adapter_with_policy), deph="1")

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 from helpers import FAMILIES, save_tiny, tiny_model, tiny_train_config, write_corpus
 from reskip import compat
 from reskip.cli import main
-from reskip.compress.arm import LoraArm, load_arm_model
+from reskip.compress.healing_run import HealingConfig, load_healed_model
 from reskip.compress.train import train_lora
 from reskip.evaluate.against_backbone import Reference
 from reskip.skip.spec import METHOD_KINDS, parse_specs
@@ -56,7 +56,7 @@ def nested_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("nested")
     model, corpus = save_tiny(tmp / "model", "llama"), write_corpus(tmp / "corpus", n_docs=200)
     cfg = tiny_train_config(model, corpus, steps=6, eval_every=3, save_every=3, lr=2e-2)
-    arm = LoraArm(params=3_000, objective="kd", nested_blocks=[3, 5], nested_layers=[[2], [4]])
+    arm = HealingConfig(params=3_000, objective="kd", nested_blocks=[3, 5], nested_layers=[[2], [4]])
     summary = train_lora(cfg, arm, tmp / "nested", show_progress=False)
     return tmp, cfg, arm, summary
 
@@ -80,7 +80,7 @@ def test_a_nested_arm_opens_at_a_depth_as_the_student_trained_there(nested_run):
     ids = torch.randint(3, 90, (2, 12), generator=torch.Generator().manual_seed(3))
     at_depth = {}
     for k in (1, 2):
-        model, _ = load_arm_model(tmp / "nested", "float32", depth=k)
+        model, _ = load_healed_model(tmp / "nested", "float32", depth=k)
         with torch.no_grad():
             at_depth[k] = model(input_ids=ids, use_cache=False).logits
     from peft import PeftModel
@@ -113,7 +113,7 @@ def test_a_nested_arm_scores_at_every_depth_and_exports_one(nested_run, capsys):
     exported = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     record = json.loads((out / "reskip.json").read_text())
     assert exported.config.num_hidden_layers == 5 and record["drop_layers"] == [2] and record["drop_blocks"] == [3]
-    in_project, _ = load_arm_model(run, "float32", depth=1)
+    in_project, _ = load_healed_model(run, "float32", depth=1)
     ids = torch.randint(3, 90, (2, 12))
     with torch.no_grad():
         assert (exported(input_ids=ids).logits - in_project(input_ids=ids).logits).abs().max() < 1e-4
@@ -129,7 +129,7 @@ def test_a_nested_arm_is_refused_under_another_kind_before_any_weights_load(nest
 
     tmp, *_ = nested_run
     run = tmp / "nested"
-    for text, message in ((f"healed:{run}", f"is a nested arm: score it as nested:K:{run}"),
+    for text, message in ((f"healed:{run}", f"is a nested one: score it as nested:K:{run}"),
                           (f"nested:5:{run}", "serves depths 0 to 2")):
         with pytest.raises(Exception, match=message.replace(":", ".")[:30]):
             check_model_spec(parse_specs([text], METHOD_KINDS)[0])
@@ -232,30 +232,30 @@ def test_generate_serves_a_nested_arm_at_a_depth(nested_run, capsys):
 
 
 def test_the_lm_eval_plug_in_serves_an_arm_and_reads_its_arguments_once(nested_run):
-    """`--model reskip-arm`: a nested arm at a depth as its merged plain model; bad model_args are one clear error
+    """`--model reskip-healed`: a nested arm at a depth as its merged plain model; bad model_args are one clear error
     each, before any weights load, and the console entry point turns them into one line and exit 2."""
     import subprocess
     import sys
 
     pytest.importorskip("lm_eval")
     from reskip.errors import ReskipError
-    from reskip.evaluate.lm_eval_model import ReskipArmLM, ReskipLM
+    from reskip.evaluate.lm_eval_model import ReskipHealedLM, ReskipLM
 
     tmp, *_ = nested_run
     run = str(tmp / "nested")
-    lm = ReskipArmLM(arm=run, depth="1", dtype="float32", batch_size=1)
+    lm = ReskipHealedLM(run=run, depth="1", dtype="float32", batch_size=1)
     assert lm.model.config.num_hidden_layers == 5
     for kwargs, message in (({"depth": "abc"}, "depth=abc: a whole number"), ({"depth": "7"}, "serves depths 0 to 2"),
                             ({"depth": "1", "dtype": "float16"}, "dtype=float16: one of"),
-                            ({"depth": "1", "device": "mps"}, "--device mps"), ({"arm": ""}, "needs arm=RUN")):
+                            ({"depth": "1", "device": "mps"}, "--device mps"), ({"run": ""}, "needs run=RUN")):
         with pytest.raises(ReskipError, match=message):
-            ReskipArmLM(**{"arm": run, **kwargs})
+            ReskipHealedLM(**{"run": run, **kwargs})
     with pytest.raises(ReskipError, match="needs adapter=RUN"):
         ReskipLM()
     with pytest.raises(ReskipError, match="window=0: a whole number >= 1"):
         ReskipLM(adapter=run, window="0")
-    proc = subprocess.run([sys.executable, "-m", "reskip.evaluate.lm_eval_model", "--model", "reskip-arm",
-                           "--model_args", f"arm={run},depth=abc", "--tasks", "hellaswag"],
+    proc = subprocess.run([sys.executable, "-m", "reskip.evaluate.lm_eval_model", "--model", "reskip-healed",
+                           "--model_args", f"run={run},depth=abc", "--tasks", "hellaswag"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == "error: --model_args depth=abc: a whole number >= 0"

@@ -85,5 +85,5 @@ def test_the_report_of_a_corrupt_run_file_is_one_line(tmp_path, capsys):
 def test_a_baseline_arms_summary_is_named_for_what_it_is(tmp_path):
     """The baselines write a summary.json of their own fields (a LoRA run): refused with what to read instead."""
     (tmp_path / "summary.json").write_text(json.dumps({"steps": 1, "lora": {"r": 4}, "ppl_full": {}}))
-    with pytest.raises(ReskipError, match="baseline arm's summary"):
+    with pytest.raises(ReskipError, match="is a healing run's summary"):
         read_run_file(tmp_path / "summary.json")

@@ -42,7 +42,7 @@ EXAMPLES = {
     "experiment": "reskip experiment baselines --preset standard\n"
                   "reskip experiment nested --preset standard --out runs/depths   # one LoRA for 0-3 blocks removed\n"
                   "reskip experiment variants --preset medium --arms shortcut --out runs/exp",
-    "export": "reskip export runs/experiments/experiments/baselines/arms/healed-static-1@0.004 --out my-model\n"
+    "export": "reskip export runs/experiments/experiments/baselines/arms/healed-1@0.004 --out my-model\n"
               "reskip export runs/depths/experiments/nested/arms/nested@0.002 --depth 2 --out my-model-2",
     "compress": "reskip compress --out smollm2-26-layers                # one block removed, healed by kd\n"
                 "reskip compress --model /models/my-llama --drop 2 --data my-texts/ --out my-llama-smaller",

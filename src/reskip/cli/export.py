@@ -27,6 +27,6 @@ def register(sub) -> None:
     p = sub.add_parser("export", help="write a trained baseline (LoRA, or LoRA-healed static pruning) as a plain "
                                       "Hugging Face model: pruned layers removed, LoRA merged, config updated",
                        **examples("export"))
-    p.add_argument("run", help="a baseline arm's folder (config.yaml, adapter/)")
+    p.add_argument("run", help="a healing run's folder (compress's heal/, an arm of `reskip experiment baselines`) (config.yaml, adapter/)")
     add_option_flags(p, ExportOptions, config_file=False)
     p.set_defaults(func=cmd_export)

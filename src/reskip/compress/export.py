@@ -1,4 +1,4 @@
-"""A healed arm as a plain Hugging Face model, as users receive a model: the pruned layers gone, the LoRA merged into
+"""A healing run as a plain Hugging Face model, as users receive a model: the pruned layers gone, the LoRA merged into
 the weights (in float32, then written in the dtype the original is published in: bfloat16 for the bundled
 SmolLM2-135M-Instruct, whose publisher ships bfloat16 weights; a float32 copy would be twice the bytes and hold
 nothing more, the original itself computing in bfloat16), the config saying how many layers are left, and a model
@@ -23,7 +23,7 @@ from ..backbones.loading import published
 from ..errors import ReskipError
 from ..io_atomic import atomic_folder
 from ..reading import read_json
-from .arm import arm_layers, load_arm_model, read_arm
+from .healing_run import layers_removed_by, load_healed_model, read_healing_run
 
 RECORD, CARD = "reskip.json", "README.md"
 COMPRESS_SETTINGS = "compress.json"  # a compression's folder (`compress.run`): its model/ is its report's
@@ -34,15 +34,15 @@ EXPORT_FILES = re.compile(r"(config|generation_config|tokenizer|tokenizer_config
 
 
 def check_out(run_dir: Path, out: Path, compression: Path | None = None) -> None:
-    """Refuse an output folder export must not replace: the working folder or one above it, the arm itself (or a
+    """Refuse an output folder export must not replace: the working folder or one above it, the healing run itself (or a
     folder inside it or holding it), or a folder that holds anything but an earlier export (its `RECORD`)."""
     if not str(out) or str(out) == ".":
         raise ReskipError("--out is empty: name the folder to write the model into")
-    target, here, arm = Path(out).resolve(), Path.cwd().resolve(), Path(run_dir).resolve()
+    target, here, own = Path(out).resolve(), Path.cwd().resolve(), Path(run_dir).resolve()
     if target == here or target in here.parents:
         raise ReskipError(f"--out {out} is the working folder (or holds it): name a new folder for the model")
-    if target == arm or arm in target.parents or target in arm.parents:
-        raise ReskipError(f"--out {out} is the arm's own folder, inside it or around it: name a folder outside {run_dir}")
+    if target == own or own in target.parents or target in own.parents:
+        raise ReskipError(f"--out {out} is the healing run's own folder, inside it or around it: name a folder outside {run_dir}")
     own = compression is not None and target.parent == Path(compression).resolve()  # compress writing its own model/
     if (target.parent / COMPRESS_SETTINGS).is_file() and not own:
         raise ReskipError(f"--out {out} is inside the compression {target.parent} (its report describes what is "
@@ -59,16 +59,16 @@ def check_out(run_dir: Path, out: Path, compression: Path | None = None) -> None
 def export_run(run_dir: Path, out: Path, dtype: str = "auto", trust_remote_code: bool = False,
                depth: int | None = None, command: str | None = None, compression: Path | None = None) -> Path:
     """Write the run's merged model, its tokenizer, its record and its model card to `out` (a folder written whole
-    or not at all; an earlier export there is replaced, anything else refused: `check_out`). A nested-depths arm is
+    or not at all; an earlier export there is replaced, anything else refused: `check_out`). A nested-depths healing run is
     written at `depth` (which it needs; 0: the backbone itself). dtype: auto (the original's published dtype),
     float32 or bfloat16. `command`: what made it, for the card (default: the `reskip export` that does).
     `compression`: the compress folder writing its own model/ (the only export allowed inside one)."""
-    cfg, arm = read_arm(run_dir)  # not a baseline run: one clear error before the model loads
-    drop = arm_layers(arm, run_dir, depth)  # a depth the arm does not serve: refused here too
+    cfg, healing = read_healing_run(run_dir)  # not a baseline run: one clear error before the model loads
+    drop = layers_removed_by(healing, run_dir, depth)  # a depth the healing does not serve: refused here too
     check_out(run_dir, out, compression)
     base_model, published_dtype = published(cfg.model, trust_remote_code)
     dtype = published_dtype if dtype == "auto" else dtype
-    model, tokenizer = load_arm_model(run_dir, "float32", trust_remote_code=trust_remote_code, depth=depth)
+    model, tokenizer = load_healed_model(run_dir, "float32", trust_remote_code=trust_remote_code, depth=depth)
     merged = model.merge_and_unload() if isinstance(model, PeftModel) else model  # nested depth 0: no LoRA
     merged = merged.to(getattr(torch, dtype))  # merged in float32, then rounded once
     n_layers = merged.config.num_hidden_layers + len(drop)
@@ -76,13 +76,13 @@ def export_run(run_dir: Path, out: Path, dtype: str = "auto", trust_remote_code:
     merged.hf_quantizer = None
     if hasattr(merged.config, "quantization_config"):
         del merged.config.quantization_config
-    blocks = arm.nested_blocks[:depth] if arm.nested else list(arm.drop_blocks)
+    blocks = healing.nested_blocks[:depth] if healing.nested else list(healing.drop_blocks)
     record = {"backbone": cfg.model, "backbone_layers": n_layers, "drop_layers": drop, "drop_blocks": blocks,
-              "healing": {"objective": arm.objective, "temperature": arm.temperature, "lora_parameters": arm.params,
-                          **({"full_layers": arm.full_layers, "full_lr_mult": arm.full_lr_mult} if arm.full_layers else {}),
+              "healing": {"objective": healing.objective, "temperature": healing.temperature, "lora_parameters": healing.params,
+                          **({"full_layers": healing.full_layers, "full_lr_mult": healing.full_lr_mult} if healing.full_layers else {}),
                           "steps": cfg.steps, "tokens": cfg.steps * cfg.batch_size * cfg.seq_len, "lr": cfg.lr,
                           "data": list(cfg.data),
-                          **({"nested_blocks": arm.nested_blocks, "depth": depth} if arm.nested else {})},
+                          **({"nested_blocks": healing.nested_blocks, "depth": depth} if healing.nested else {})},
               "dtype": dtype, "base_model": base_model}
     command = command or f"reskip export {run_dir} --out {out}"
 
@@ -106,7 +106,7 @@ def read_record(folder: Path) -> dict:
           and isinstance(record.get("drop_blocks"), list))
     if not ok:
         raise ReskipError(f"{path}: backbone_layers, drop_layers and drop_blocks are missing or not numbers: restore "
-                          "it, or export the arm again")
+                          "it, or export the healing run again")
     return record
 
 

@@ -15,6 +15,6 @@ class ExportOptions:
                                    "(bfloat16 for the packaged backbones, the config's for a folder); the LoRA is "
                                    "merged in float32 first", choices=("auto", "float32", "bfloat16"))
     trust_remote_code: bool = described(False, "allow the backbone's own Python code to run (never taken from the "
-                                               "arm's config.yaml)")
-    depth: int | None = described(None, "a nested-depths arm: the depth to write (its first K blocks removed; 0: the "
-                                        "backbone itself); any other arm serves its one depth", low=0)
+                                               "healing's config.yaml)")
+    depth: int | None = described(None, "a nested-depths healing run: the depth to write (its first K blocks removed; 0: the "
+                                        "backbone itself); any other healing run serves its one depth", low=0)

@@ -1,7 +1,7 @@
 """Healing capacity beyond a LoRA: a few whole decoder layers next to the cut, and the final norm, trained in full
 (the layer-pruning literature's healer: fine-tuning the layers around the gap beats a LoRA of the same size).
 
-They are PEFT's `modules_to_save` of the arm's adapter, so one loader, one save and one merge serve every arm: the
+They are PEFT's `modules_to_save` of the healing's adapter, so one loader, one save and one merge serve every healing run: the
 adapter file holds the trained copies, `merge_and_unload` puts them in place, `disable_adapter` gives the teacher
 the backbone's own modules back. The modules are chosen by structure (the kept layers nearest a removed one, then
 the decoder's final norm) and handed to PEFT by their exact qualified names (`lora_ranks.full_module_names`).
@@ -44,7 +44,7 @@ def full_copies(model: nn.Module) -> list[nn.Module]:
 
 def train_in_float32(model: nn.Module) -> list[nn.Parameter]:
     """Make the full copies float32 master weights that compute in float32 between the model's dtype on both sides;
-    returns their parameters (the arm's second parameter group)."""
+    returns their parameters (the healing's second parameter group)."""
     params = []
     for copy in full_copies(model):
         dtype = next(copy.parameters()).dtype

@@ -66,7 +66,7 @@ def backbone_states(backbone: nn.Module, data: Packed, batch_size: int = 4) -> l
 def removal_kl(model: nn.Module, data: Packed, references: list[torch.Tensor], head, removed: list[int],
                units: dict[int, list[int]], batch_size: int = 4, progress=None) -> dict[int, float]:
     """Per unit, KL(backbone || model without that unit) per position on `data`. `model` is the backbone or a
-    healed arm (a PEFT model) whose layers `removed` are already gone, its layers renumbered; the units name the
+    healing run's model (a PEFT model) whose layers `removed` are already gone, its layers renumbered; the units name the
     backbone's layer indices. `head` is the backbone's (`compat.output_head`), `references` its states."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     n_layers = len(compat.decoder_layers(base)) + len(removed)

@@ -101,7 +101,7 @@ def parse_objective(text: str) -> HealingLoss:
 
 
 class HealingObjective(nn.Module):
-    """One micro-batch of a LoRA arm's loss (`OBJECTIVES`); `removed` is what was pruned (None: nothing)."""
+    """One micro-batch of a LoRA healing's loss (`OBJECTIVES`); `removed` is what was pruned (None: nothing)."""
 
     def __init__(self, model, objective: str = "ce", temperature: float = 1.0, loss_chunk: int | None = None,
                  removed: compat.RemovedLayers | None = None, positions: str = "all"):
@@ -135,7 +135,7 @@ class HealingObjective(nn.Module):
                 on_policy: bool = False) -> dict:
         """{loss, ce, kl}: CE summed over the labelled targets / n_targets, the divergence ("kl") summed over the
         positions it reads / their count (n_positions for every position, n_targets for the replies); the loss is the
-        objective's. `drop`: layers the student runs without this step (a nested arm's depth); the teacher is always
+        objective's. `drop`: layers the student runs without this step (a nested healing run's depth); the teacher is always
         the whole backbone. `on_policy`: the batch is the student's own samples, read on their replies."""
         loss, body, head = self.loss, compat.decoder_body(self.base), compat.output_head(self.base)
         if not loss.needs_teacher:  # ce: no teacher pass

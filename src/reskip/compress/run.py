@@ -38,9 +38,9 @@ from ..reading import read_json
 from ..run_folder.lock import writing
 from ..train_config import TrainConfig
 from . import healing_data
-from .arm import LoraArm, read_arm
 from .blocks import BlockCosts, backbone_block_costs
 from .export import CARD, RECORD, export_run, model_card, read_record
+from .healing_run import HealingConfig, read_healing_run
 from .measure import measure
 from .objectives import parse_objective
 from .options import CompressOptions
@@ -206,11 +206,11 @@ def _check_heal_blocks(out: Path, costs: BlockCosts, layers: list[int]) -> None:
     if not (out / HEAL / "config.yaml").is_file():
         return
     try:
-        _, arm = read_arm(out / HEAL)
+        _, healing = read_healing_run(out / HEAL)
     except ReskipError:
         return  # train_lora says what is wrong with heal/ itself
-    if not arm.nested and sorted(arm.drop_layers) != layers:
-        raise ReskipError(f"{out / HEAL} was healed with layers {sorted(arm.drop_layers)} removed, and {out / BLOCKS} now "
+    if not healing.nested and sorted(healing.drop_layers) != layers:
+        raise ReskipError(f"{out / HEAL} was healed with layers {sorted(healing.drop_layers)} removed, and {out / BLOCKS} now "
                           f"chooses layers {layers}: blocks.json was changed after the healing; delete blocks.json to "
                           "measure the block costs again (the healing is kept when they choose the same blocks)")
 
@@ -303,11 +303,11 @@ def compress(o: CompressOptions, show=print) -> Path:
         show(f"[compress] 3/5 heal: blocks {blocks} (layers {layers[0]}-{layers[-1]}) removed; a LoRA matched to "
              f"{p.params:,} parameters trained by {o.objective} on {cfg.steps * cfg.batch_size * cfg.seq_len:,} tokens"
              + (f", {o.on_policy:g} of the steps on its own samples" if o.on_policy else ""))
-        arm = LoraArm(params=p.params, drop_layers=layers, drop_blocks=blocks, objective=parse_objective(o.objective).text,
+        healing = HealingConfig(params=p.params, drop_layers=layers, drop_blocks=blocks, objective=parse_objective(o.objective).text,
                       full_layers=o.full_layers, positions=o.positions, on_policy=o.on_policy,
                       on_policy_tokens=o.on_policy_tokens)
         _check_heal_blocks(out, costs, layers)
-        summary = train_lora(cfg, arm, out / HEAL, show_progress=not o.quiet)
+        summary = train_lora(cfg, healing, out / HEAL, show_progress=not o.quiet)
         if not _exported(out / MODEL):
             show(f"[compress] 4/5 export: {out / MODEL}")
             export_run(out / HEAL, out / MODEL, trust_remote_code=o.trust_remote_code, command=command_line(o),
@@ -316,7 +316,7 @@ def compress(o: CompressOptions, show=print) -> Path:
         report = {"command": command_line(o), "settings": p.identity,
                   "blocks": {**costs.to_dict(), "chosen_by": "named" if o.blocks else o.choose, "removed": blocks,
                              "layers_removed": layers, "layers": sum(len(b) for b in costs.blocks)},
-                  "healing": {"objective": arm.objective, "positions": o.positions, "on_policy": o.on_policy,
+                  "healing": {"objective": healing.objective, "positions": o.positions, "on_policy": o.on_policy,
                               "data": list(o.data), "data_weights": data.weights, "written": data.written,
                               "parameters": summary["lora"]["parameters"] + summary["lora"].get("full_parameters", 0),
                               "full_layers": summary["lora"].get("full_layers", []),

@@ -1,7 +1,7 @@
-"""Training a baseline arm: a parameter-matched LoRA on the frozen backbone, or on the backbone with its cheapest
+"""Training a healing run: a parameter-matched LoRA on the frozen backbone, or on the backbone with its cheapest
 blocks removed (healed static pruning), healed by `ce`, `kd` or `kd+ce` (`compress.objectives`). The training itself is
 the one loop's (`stages.train.train_run` with `lora_trainee.LoraBuilder`); this module is what `reskip experiment
-baselines` asks of an arm's folder: train it, resume it when it stopped, read it back when it is finished."""
+baselines` asks of a healing run's folder: train it, resume it when it stopped, read it back when it is finished."""
 
 from __future__ import annotations
 
@@ -15,16 +15,16 @@ from ..run_folder import RunFolder
 from ..train.checkpoint import latest_checkpoint
 from ..train.run import train_run
 from ..train_config import TrainConfig
-from .arm import LoraArm
+from .healing_run import HealingConfig
 from .trainee import LoraBuilder
 
 
-def train_lora(cfg: TrainConfig, arm: LoraArm, run_dir: Path, show_progress: bool = True) -> dict:
-    """Train the arm into `run_dir`; a finished run with the same config is returned as it is, a stopped one
+def train_lora(cfg: TrainConfig, healing: HealingConfig, run_dir: Path, show_progress: bool = True) -> dict:
+    """Train the healing into `run_dir`; a finished run with the same config is returned as it is, a stopped one
     resumed from its newest checkpoint. Returns summary.json's content."""
     files = RunFolder(run_dir)
     cfg = dataclasses.replace(cfg, dtype=resolve_dtype_name(cfg.dtype))
-    builder = LoraBuilder(arm)
+    builder = LoraBuilder(healing)
     if files.config.is_file():
         recorded = builder.recorded_identity(files.config)
         recorded["dtype"] = resolve_dtype_name(recorded["dtype"])

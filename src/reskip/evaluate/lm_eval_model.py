@@ -1,6 +1,6 @@
 """lm-evaluation-harness plug-in: `--model reskip --model_args adapter=RUN,policy=reskip` (a retrofit run under a
-skip policy), and `--model reskip-arm --model_args arm=RUN,depth=K` (a trained arm as the plain model it exports;
-a nested arm at depth K).
+skip policy), and `--model reskip-healed --model_args run=RUN,depth=K` (a healing run as the plain model it exports;
+a nested healing run at depth K).
 
 `ReskipLM` subclasses the harness's own `HFLM` and hands it the retrofitted model (its
 decoder layers are wrapped in place, so HFLM's forward and generate run through the
@@ -28,7 +28,7 @@ from lm_eval.models.huggingface import HFLM  # imports the harness's model table
 # that is not empty is never filled with the harness's own models, so ours must come after them
 from peft import PeftModel
 
-from ..compress.arm import arm_layers, load_arm_model, read_arm
+from ..compress.healing_run import layers_removed_by, load_healed_model, read_healing_run
 from ..device_names import DEVICE_PATTERN
 from ..errors import ReskipError
 from ..options import DTYPE_NAMES
@@ -103,28 +103,28 @@ class ReskipLM(HFLM):
         return out
 
 
-@register_model("reskip-arm")
-class ReskipArmLM(HFLM):
-    """A trained arm (`reskip experiment baselines`, `nested`) as the plain model `reskip export` writes: the
-    layers removed (a nested arm's at `depth`), the LoRA merged, in memory."""
+@register_model("reskip-healed")
+class ReskipHealedLM(HFLM):
+    """A healing run (`reskip experiment baselines`, `nested`) as the plain model `reskip export` writes: the
+    layers removed (a nested healing run's at `depth`), the LoRA merged, in memory."""
 
-    def __init__(self, arm: str | None = None, depth: int | None = None, dtype: str = "auto",
+    def __init__(self, run: str | None = None, depth: int | None = None, dtype: str = "auto",
                  device: str | None = None, **kwargs):
-        if not arm:
-            raise ReskipError("--model_args needs arm=RUN (a trained arm's folder)")
-        _check_model_args({k: v for k, v in kwargs.items() if k != "pretrained"}, "reskip-arm",
-                          ("arm", "depth", "dtype", "device"))
+        if not run:
+            raise ReskipError("--model_args needs run=RUN (a healing run's folder)")
+        _check_model_args({k: v for k, v in kwargs.items() if k != "pretrained"}, "reskip-healed",
+                          ("run", "depth", "dtype", "device"))
         depth = _whole("depth", depth, 0)
-        _, recorded = read_arm(Path(arm))
-        arm_layers(recorded, Path(arm), depth)  # a depth the arm does not serve: refused before loading
-        model, tokenizer = load_arm_model(Path(arm), dtype, _placement(dtype, device), depth=depth)
+        _, recorded = read_healing_run(Path(run))
+        layers_removed_by(recorded, Path(run), depth)  # a depth the healing does not serve: refused before loading
+        model, tokenizer = load_healed_model(Path(run), dtype, _placement(dtype, device), depth=depth)
         model = model.merge_and_unload() if isinstance(model, PeftModel) else model
         kwargs.pop("pretrained", None)
         super().__init__(pretrained=model, tokenizer=tokenizer, **kwargs)
 
 
 def main() -> None:
-    """`reskip-lm-eval`: the harness's CLI with the `reskip` and `reskip-arm` models registered; a bad argument is
+    """`reskip-lm-eval`: the harness's CLI with the `reskip` and `reskip-healed` models registered; a bad argument is
     one line and exit 2."""
     try:
         cli_evaluate()  # the names were registered when this module was imported

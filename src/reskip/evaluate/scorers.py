@@ -1,4 +1,4 @@
-"""The methods that are models of their own (`spec.KINDS` with `opens="model"`): a LoRA arm, a healed arm, the
+"""The methods that are models of their own (`spec.KINDS` with `opens="model"`): a LoRA healing run, one with layers removed, the
 backbone with blocks removed. Each is scored beside the run's methods on the same sequences and against the same
 references (the backbone's logits, computed once per group): one cache-free pass over a group, no skip decisions,
 its compute the layers it keeps.
@@ -23,9 +23,9 @@ from transformers import AutoModelForCausalLM
 from ..backbones.devices import model_device
 from ..backbones.dtypes import resolve_dtype
 from ..backbones.loading import load_backbone
-from ..compress.arm import arm_layers, load_arm_model, read_arm
 from ..compress.blocks import BlockCosts, backbone_block_costs, prune
 from ..compress.export import RECORD, read_record
+from ..compress.healing_run import layers_removed_by, load_healed_model, read_healing_run
 from ..data.packing import Packed
 from ..errors import ReskipError
 from ..skip.spec import KINDS, Spec
@@ -82,16 +82,16 @@ def backbone_costs_on(backbone: nn.Module, data: Packed, blocks: list[list[int]]
     return backbone_block_costs(backbone, data, block_size=len(blocks[0]), boundaries=boundaries)
 
 
-def open_arm(spec: Spec, ctx: ScorerContext) -> ModelScorer:
-    """A LoRA or healed arm of `reskip experiment baselines` on the evaluation's backbone."""
-    cfg, arm = read_arm(Path(spec.run))
+def open_healing_run(spec: Spec, ctx: ScorerContext) -> ModelScorer:
+    """A healing run (`reskip compress`'s heal/, an arm of `reskip experiment baselines`) on the evaluation's backbone."""
+    cfg, healing = read_healing_run(Path(spec.run))
     if (cfg.model or None) != (ctx.model or None):
-        raise ReskipError(f"{spec.text}: the arm was trained on the backbone {cfg.model or 'default'!r}, the "
+        raise ReskipError(f"{spec.text}: the healing run was trained on the backbone {cfg.model or 'default'!r}, the "
                           f"evaluation's is {ctx.model or 'default'!r}: compare methods of one backbone")
     depth = int(spec.k) if spec.kind == "nested" else None
-    model, _ = load_arm_model(Path(spec.run), ctx.dtype, ctx.device, ctx.trust_remote_code, depth)
-    blocks = arm.nested_blocks[:depth] if arm.nested else list(arm.drop_blocks)
-    return ModelScorer(model, arm_layers(arm, Path(spec.run), depth), blocks, sum(len(b) for b in ctx.blocks))
+    model, _ = load_healed_model(Path(spec.run), ctx.dtype, ctx.device, ctx.trust_remote_code, depth)
+    blocks = healing.nested_blocks[:depth] if healing.nested else list(healing.drop_blocks)
+    return ModelScorer(model, layers_removed_by(healing, Path(spec.run), depth), blocks, sum(len(b) for b in ctx.blocks))
 
 
 def open_pruned(spec: Spec, ctx: ScorerContext) -> ModelScorer:
@@ -135,17 +135,17 @@ def check_export(spec: Spec) -> None:
     read_record(Path(spec.run))
 
 
-def check_arm(spec: Spec) -> None:
-    """The folder is an arm of the spec's kind: a plain LoRA (lora:), one depth with layers removed (healed:) or
+def check_healing_run(spec: Spec) -> None:
+    """The folder is a healing run of the spec's kind: a plain LoRA (lora:), one depth with layers removed (healed:) or
     nested depths (nested:K, K among its depths)."""
-    _, arm = read_arm(Path(spec.run))
-    kind = "nested" if arm.nested else "healed" if arm.drop_layers else "lora"
+    _, healing = read_healing_run(Path(spec.run))
+    kind = "nested" if healing.nested else "healed" if healing.drop_layers else "lora"
     if kind != spec.kind:
-        form = {"nested": f"nested:K:{spec.run} (K from 0 to {arm.depths})", "healed": f"healed:{spec.run}",
+        form = {"nested": f"nested:K:{spec.run} (K from 0 to {healing.depths})", "healed": f"healed:{spec.run}",
                 "lora": f"lora:{spec.run}"}[kind]
-        raise ReskipError(f"{spec.text}: the arm is a {kind} arm: score it as {form}")
-    if arm.nested:
-        arm.layers_at(int(spec.k))  # a depth it does not serve: one clear error
+        raise ReskipError(f"{spec.text}: the healing run is a {kind} one: score it as {form}")
+    if healing.nested:
+        healing.layers_at(int(spec.k))  # a depth it does not serve: one clear error
 
 
 def check_model_spec(spec: Spec) -> None:

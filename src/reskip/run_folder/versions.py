@@ -116,8 +116,8 @@ def upgraded(kind: str, data, where) -> dict:
     """`data` of a `kind` file (`where` names it in errors) upgraded in place to today's version."""
     if not isinstance(data, dict):
         raise ReskipError(f"{where}: the top level is not a JSON object; it is corrupt: restore or remove it")
-    if kind == "summary.json" and "lora" in data:  # the other summary.json: a baseline arm's (its own fields)
-        raise ReskipError(f"{where} is a baseline arm's summary (a LoRA run, not the retrofit's): its figures are "
+    if kind == "summary.json" and "lora" in data:  # the other summary.json: a healing run's (its own fields)
+        raise ReskipError(f"{where} is a healing run's summary (a LoRA run, not the retrofit's): its figures are "
                           "in the baselines experiment's report (`reskip report OUT` of the experiment's --out)")
     today, steps = FILE_VERSIONS[kind]
     version = data.get("format_version", 1)

@@ -13,10 +13,10 @@ from .spec import GRAMMAR
 class GenerateOptions(BackboneOptions):
     model: str | None = described(None, "the backbone (None: the run's, else the bundled SmolLM2-135M-Instruct)")
     policy: str = described("reskip", f"the skip policy: {GRAMMAR}, or a policy.json (a retrofit run's; a trained "
-                                      "arm or an exported folder has none); or a model of its own opened from the "
+                                      "healing run or an exported folder has none); or a model of its own opened from the "
                                       "run's backbone: pruned:K, export:DIR, lora:RUN, healed:RUN, nested:K:RUN")
-    depth: int | None = described(None, "RUN is a trained arm (`reskip experiment baselines`, `nested`): serve it as "
-                                        "its plain model; a nested arm at this depth (its first K blocks removed, 0: "
+    depth: int | None = described(None, "RUN is a healing run (`reskip experiment baselines`, `nested`): serve it as "
+                                        "its plain model; a nested healing run at this depth (its first K blocks removed, 0: "
                                         "the backbone itself)", low=0)
     window: int | None = described(None, "W, tokens in w_recent (None: the policy file's)", low=1)
     max_new_tokens: int = described(40, "tokens generated at most", low=1)

@@ -25,9 +25,9 @@ Methods of `reskip eval` add these names:
     matched              static, influence and random at each ReSkip point's mean skips
     budgets              reskip:budget=B for every budget of the policy file's frontier
 and the trained methods, each scored as its own model beside the run's (the same backbone, data and references):
-    lora:RUN             a LoRA arm (`reskip experiment baselines`): the backbone with its trained LoRA
-    healed:RUN           a healed arm: the backbone with the arm's layers removed and its LoRA
-    nested:K:RUN         a nested-depths arm at depth K: its first K blocks removed and its one LoRA (K = 0: the
+    lora:RUN             a LoRA healing run (`reskip experiment baselines`): the backbone with its trained LoRA
+    healed:RUN           a healing run with layers removed: the backbone without them and its LoRA
+    nested:K:RUN         a nested-depths healing run at depth K: its first K blocks removed and its one LoRA (K = 0: the
                          backbone itself)
     pruned:K             the backbone with its K middle blocks of lowest A(n) (measured on the backbone itself,
                          calibration split) removed, no healing
@@ -129,7 +129,7 @@ class Kind:
     # "policy": a skip policy on the retrofit (`policy_file.BUILDERS`); "expands": a method that stands for
     # others (`evaluate.methods.EXPANSIONS`); "model": a model of its own, opened by `scorer`
     opens: str = "policy"
-    trains: str | None = None  # the recipe that makes it (`train.trainee`): "retrofit", "lora"; None: nothing trains it
+    trains: str | None = None  # the builder that makes it (`train.trainee`): "retrofit", "lora"; None: nothing trains it
     scorer: str | None = None  # opens="model": "module:function" that opens it for scoring (`evaluate.scorers`)
     # opens="model": "module:function" that checks what it names before any weights load (None: nothing to check)
     checker: str | None = None
@@ -147,16 +147,16 @@ KINDS = {
                     False, method_only=True, opens="expands"),
     "budgets": Kind("budgets", "reskip:budget=B for every budget of the policy file's frontier", _no_arguments,
                     False, method_only=True, opens="expands"),
-    "lora": Kind("lora:RUN", "a LoRA arm of `reskip experiment baselines`: the backbone with its LoRA",
+    "lora": Kind("lora:RUN", "a LoRA healing run of `reskip experiment baselines`: the backbone with its LoRA",
                  _run_folder, False, method_only=True, opens="model", trains="lora",
-                 scorer="reskip.evaluate.scorers:open_arm", checker="reskip.evaluate.scorers:check_arm"),
-    "healed": Kind("healed:RUN", "a healed arm: the backbone with the arm's layers removed and its LoRA",
+                 scorer="reskip.evaluate.scorers:open_healing_run", checker="reskip.evaluate.scorers:check_healing_run"),
+    "healed": Kind("healed:RUN", "a healing run with layers removed: the backbone without them and its LoRA",
                    _run_folder, False, method_only=True, opens="model", trains="lora",
-                   scorer="reskip.evaluate.scorers:open_arm", checker="reskip.evaluate.scorers:check_arm"),
-    "nested": Kind("nested:K:RUN", "a nested-depths arm (`reskip experiment nested`) at depth K: its first K blocks "
+                   scorer="reskip.evaluate.scorers:open_healing_run", checker="reskip.evaluate.scorers:check_healing_run"),
+    "nested": Kind("nested:K:RUN", "a nested-depths healing run (`reskip experiment nested`) at depth K: its first K blocks "
                                    "removed, its one LoRA (K = 0: the backbone itself)", _depth_and_run, False,
-                   method_only=True, opens="model", trains="lora", scorer="reskip.evaluate.scorers:open_arm",
-                   checker="reskip.evaluate.scorers:check_arm"),
+                   method_only=True, opens="model", trains="lora", scorer="reskip.evaluate.scorers:open_healing_run",
+                   checker="reskip.evaluate.scorers:check_healing_run"),
     "pruned": Kind("pruned:K", "the backbone's K middle blocks of lowest A(n) removed, no healing",
                    _whole_block_count, False, method_only=True, opens="model",
                    scorer="reskip.evaluate.scorers:open_pruned"),
@@ -200,7 +200,7 @@ class Spec:
     budget: float | None = None  # reskip:budget=B
     held: bool = False  # reskip:budget=B:held
     path: str | None = None  # reskip read from this policy file
-    run: str | None = None  # lora, healed: the arm's folder
+    run: str | None = None  # lora, healed: the healing run's folder
 
     @property
     def needs_policy_file(self) -> bool:

@@ -4,8 +4,8 @@ typed options in, the main file it wrote out. Each calls the library below it; n
 package, and importing it loads nothing (each stage imports what it needs when called).
 
 - `compress`: the product: a user's model to a smaller one, healed toward it, exported and measured;
-- `export`: a healed arm as a plain Hugging Face folder;
-- `generate`: a reply from any kind of the one table (a run under a skip policy, a healed arm, an exported folder,
+- `export`: a healing run as a plain Hugging Face folder;
+- `generate`: a reply from any kind of the one table (a run under a skip policy, a healing run, an exported folder,
   the backbone with blocks removed);
 - `evaluate`: every method against the backbone;
 - `train`, `parity`, `calibrate`, `diagnose`, `report`, `run`, `experiment`: the source design's pipeline and its

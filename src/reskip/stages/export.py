@@ -1,4 +1,4 @@
-"""`reskip export`: a healed arm (`run`) as a plain Hugging Face folder (`reskip.compress.export`)."""
+"""`reskip export`: a healing run (`run`) as a plain Hugging Face folder (`reskip.compress.export`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from ..compress.export_options import ExportOptions
 
 
 def export(run: Path, options: ExportOptions) -> Path:
-    """Write the arm's merged model into `options.out`; returns the folder."""
+    """Write the healing's merged model into `options.out`; returns the folder."""
     from ..compress.export import check_out, export_run  # lazy: torch
 
     check_out(Path(run), Path(options.out))

@@ -1,8 +1,8 @@
 """`reskip generate RUN "prompt"`: a reply from any kind of the one table (`skip.spec.KINDS`).
 
 RUN is a retrofit run (its `--policy` a skip policy, or a model of its own opened from the run's backbone:
-`pruned:K`, `export:DIR`, `lora:RUN2`, `healed:RUN2`, `nested:K:RUN2`), a trained arm (served as the plain model it
-exports, a nested arm at `--depth`) or an exported folder (`reskip compress`'s `model/`, `reskip export`'s). Options
+`pruned:K`, `export:DIR`, `lora:RUN2`, `healed:RUN2`, `nested:K:RUN2`), a healing run (served as the plain model it
+exports, a nested healing run at `--depth`) or an exported folder (`reskip compress`'s `model/`, `reskip export`'s). Options
 that do not apply to what RUN is are refused, never ignored."""
 
 from __future__ import annotations
@@ -18,17 +18,17 @@ DEFAULT_POLICY = "reskip"
 
 def generate(run: Path, options: GenerateOptions) -> None:
     """Print the reply to `options.prompt`, and what computed it (blocks skipped per step, or layers run)."""
-    from ..compress.arm import is_arm  # lazy: torch, PEFT
     from ..compress.export import RECORD  # lazy: torch
+    from ..compress.healing_run import is_healing_run  # lazy: torch, PEFT
 
     spec = parse_spec(options.policy, METHOD_KINDS, allow_path=True)  # a bad spec fails before anything loads
     run = Path(run)
-    own = "an exported model" if (run / RECORD).is_file() else "a trained arm" if is_arm(run) else None
+    own = "an exported model" if (run / RECORD).is_file() else "a healing run" if is_healing_run(run) else None
     if own is not None:
         _refuse_run_options(run, own, options)
         return _plain(run, options, own)
     if options.depth is not None:
-        raise ReskipError(f"--depth serves a trained arm at a depth; {run} is not an arm (a nested arm of "
+        raise ReskipError(f"--depth serves a healing run at a depth; {run} is not a healing run (a nested one of "
                           "`reskip experiment nested` serves depths 0 to K)")
     if KINDS[spec.kind].opens == "model":
         return _model_of_the_run(run, spec, options)
@@ -43,7 +43,7 @@ def _refuse_run_options(run: Path, what: str, o: GenerateOptions) -> None:
         raise ReskipError(f"{run} is {what}: it runs as a plain model of its own, so {', '.join(given)} would be "
                           "ignored; leave them out (a skip policy needs a retrofit run)")
     if what == "an exported model" and o.depth is not None:
-        raise ReskipError(f"--depth serves a nested arm at a depth; {run} is an exported model of one depth")
+        raise ReskipError(f"--depth serves a nested healing run at a depth; {run} is an exported model of one depth")
 
 
 def _decode(model, tok, o: GenerateOptions) -> str:
@@ -64,14 +64,14 @@ def _decode(model, tok, o: GenerateOptions) -> str:
 
 
 def _plain(run: Path, o: GenerateOptions, what: str) -> None:
-    """A trained arm as the plain model it exports (a nested arm at `o.depth`), or an exported folder."""
-    if what == "a trained arm":
-        from ..compress.arm import arm_layers, load_arm_model, read_arm  # lazy: torch, PEFT
+    """A healing run as the plain model it exports (a nested healing run at `o.depth`), or an exported folder."""
+    if what == "a healing run":
+        from ..compress.healing_run import layers_removed_by, load_healed_model, read_healing_run  # lazy: torch, PEFT
 
-        _, arm = read_arm(run)
-        drop = arm_layers(arm, run, o.depth)  # a depth the arm does not serve: refused before the model loads
-        model, tok = load_arm_model(run, o.dtype, o.device, o.trust_remote_code, depth=o.depth)
-        depth = f"depth {o.depth}, " if arm.nested else ""
+        _, healing = read_healing_run(run)
+        drop = layers_removed_by(healing, run, o.depth)  # a depth the healing does not serve: refused before the model loads
+        model, tok = load_healed_model(run, o.dtype, o.device, o.trust_remote_code, depth=o.depth)
+        depth = f"depth {o.depth}, " if healing.nested else ""
     else:
         from transformers import AutoModelForCausalLM, AutoTokenizer  # lazy: torch
 
@@ -89,7 +89,7 @@ def _plain(run: Path, o: GenerateOptions, what: str) -> None:
 
 
 def _model_of_the_run(run: Path, spec, o: GenerateOptions) -> None:
-    """A model of its own opened from the run's backbone (`pruned:K`, `export:DIR`, an arm), as `reskip eval` opens
+    """A model of its own opened from the run's backbone (`pruned:K`, `export:DIR`, a healing run), as `reskip eval` opens
     it: the same opener, the same calibration sequences for `pruned:K`."""
     from ..data.packing import pack  # lazy: torch
     from ..data.sources import load_splits  # lazy: torch

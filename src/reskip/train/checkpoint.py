@@ -104,7 +104,7 @@ def latest_checkpoint(run_dir: Path, state_name: str = STATE_NAME) -> Path | Non
 
 def load_checkpoint(path: Path, trainee, optimizer, identity: dict | None = None) -> dict:
     """Restore the trainee's weights and the optimizer state in place; returns {'step', 'tokens_seen'}. A
-    checkpoint of a LoRA arm trained before the one loop has no tokens count or RNG state: its tokens are its
+    checkpoint of a LoRA healing run trained before the one loop has no tokens count or RNG state: its tokens are its
     steps' (the caller's), its RNG the seed's."""
     try:
         state = torch.load(path / STATE_NAME, weights_only=True, map_location="cpu")  # the optimizer moves it to its parameters

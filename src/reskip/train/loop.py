@@ -2,7 +2,7 @@
 identity, resume, checkpoints, log, progress, learning-rate schedule,
 batches, data-parallel (accelerate), FSDP2 sharding and trackers, around a *trainee* (`train.trainee`): the
 retrofit's side-channel (CE(full) + lambda_kl KL(teacher || skip) - lambda_ent H(alpha), the default trainee) or a
-LoRA arm (`compress.trainee`).
+LoRA healing run (`compress.trainee`).
 
 Runs on one process, or data-parallel under `accelerate launch` with no code change.
 Everything that varies per step (c(t), learning rate, drawn block, batch) is a pure

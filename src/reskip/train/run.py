@@ -1,6 +1,6 @@
 """`reskip train`: the training stage's entry, the loop on one screen. Everything around it (the run folder's
 identity, resume, the engine, one optimizer step, validation, the summary) is the one loop's machinery
-(`train.loop`), for every trainee: the retrofit's side-channel or a LoRA arm (`compress.trainee`)."""
+(`train.loop`), for every trainee: the retrofit's side-channel or a LoRA healing run (`compress.trainee`)."""
 
 from __future__ import annotations
 

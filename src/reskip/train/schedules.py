@@ -57,7 +57,7 @@ def drawn_blocks(step: int, seed: int, drawable: list[int], max_blocks: int = 1)
 
 
 def nested_depth(step: int, seed: int, depths: int) -> int:
-    """The depth (1..depths blocks removed) a nested arm's student runs at `step`: every depth once in each
+    """The depth (1..depths blocks removed) a nested healing run's student runs at `step`: every depth once in each
     `depths` consecutive steps, in an order drawn per cycle from (seed, cycle), so the depths share the budget
     exactly and the batches do not line up with one depth. The same on every process and on resume."""
     cycle, place = divmod(step, depths)

@@ -8,10 +8,10 @@ the backbone for `kd`):
   budgets, static pruning with the learned shortcut, influence and random at the same measured skips);
 - `lora`: PEFT LoRA on every linear projection of the frozen backbone, ranks set so that its parameters match
   the side-channel's (`compress.lora`), plain CE with the recipe's loss mask;
-- `healed-static:K`: the K middle blocks whose removal costs the backbone least on the calibration split
+- `healed:K`: the K middle blocks whose removal costs the backbone least on the calibration split
   (A(n) of the backbone itself) removed, the rest healed by a LoRA of the same parameter count with cross-entropy;
-  with `heal`, also `healed-static:K:kd` (healed by distillation from the backbone: KL on every position) and
-  `healed-static:K:kd+ce` (`compress.objectives`).
+  with `heal`, also `healed:K:kd` (healed by distillation from the backbone: KL on every position) and
+  `healed:K:kd+ce` (`compress.objectives`).
 With `variants`, the recipe's variants that could close the gap, each at the same total trainable parameters:
 - `side+lora`: the side-channel at half its rank (corrections and shortcuts) and a LoRA inside the frozen blocks
   with the parameters that frees (`RetrofitConfig.inner_lora`), trained together by the recipe's loss;
@@ -42,8 +42,8 @@ from ...ar_retrofit.accounting import count_params
 from ...ar_retrofit.config import RetrofitConfig
 from ...backbones.dtypes import resolve_dtype_name
 from ...backbones.loading import load_backbone, load_config
-from ...compress.arm import LoraArm
 from ...compress.blocks import BlockCosts, backbone_block_costs
+from ...compress.healing_run import HealingConfig
 from ...compress.objectives import OBJECTIVES, parse_objective
 from ...compress.train import train_lora
 from ...data.packing import pack
@@ -75,7 +75,7 @@ from .baselines_tables import (
     verdict,
 )
 from .options import ExperimentOptions
-from .results_file import read_results
+from .results_file import RENAMED, read_results
 
 
 @dataclass(frozen=True)
@@ -101,9 +101,9 @@ class SweepMethod:
 
 def sweep_methods(heal: list[str]) -> dict[str, SweepMethod]:
     """The methods every run trains: the recipe, a LoRA, and the cheapest 1 and 2 blocks removed and healed with
-    each objective of `heal` (`healed-static:K` for ce, `healed-static:K:OBJ` for the others)."""
+    each objective of `heal` (`healed:K` for ce, `healed:K:OBJ` for the others)."""
     out = [SweepMethod("recipe", "retrofit"), SweepMethod("lora", "lora")]
-    out += [SweepMethod(f"healed-static:{k}" + ("" if h == "ce" else f":{h}"), "lora", k, h)
+    out += [SweepMethod(f"healed:{k}" + ("" if h == "ce" else f":{h}"), "lora", k, h)
             for h in heal for k in (1, 2)]
     return {m.name: m for m in out}
 
@@ -139,7 +139,7 @@ def run(options: ExperimentOptions, folder: Path, show=print) -> dict | None:
     for method in methods:
         for lr in lrs:
             name = arm_name(method, lr)
-            where = folder / "arms" / arm_slug(name)
+            where = arm_folder(folder, name)
             if method not in chosen and not RunFolder(where).summary.is_file():
                 pending.append(name)
                 continue
@@ -179,6 +179,18 @@ def arm_name(method: str, lr: float) -> str:
 def arm_slug(name: str) -> str:
     """An arm's folder name: its name with ':' (not allowed in file names everywhere) as '-'."""
     return name.replace(":", "-")
+
+
+def arm_folder(folder: Path, name: str) -> Path:
+    """An arm's run folder, OUT/experiments/baselines/arms/<slug>; where only the folder an experiment made under the
+    arm's name before a rename exists (`results_file.RENAMED`), that one: a finished arm is read back, not trained
+    again."""
+    where = folder / "arms" / arm_slug(name)
+    for old, new in RENAMED:
+        before = folder / "arms" / arm_slug(old + name.removeprefix(new))
+        if name.startswith(new) and not where.exists() and before.is_dir():
+            return before
+    return where
 
 
 def _variants(asked: list[str] | None) -> tuple[str, ...]:
@@ -265,7 +277,7 @@ def _train_arm(method: SweepMethod, cfg: TrainConfig, where: Path, target: int, 
                 "val_ppl_backbone": s["ppl_backbone"], "val_kl": s["kl_full"]["end"], "params": params,
                 "train_wall_s": _train_wall(files)}
     blocks = costs.cheapest(method.drop) if method.drop else []
-    arm = LoraArm(params=target, drop_layers=sorted(costs.layers_of(blocks)), drop_blocks=blocks,
+    arm = HealingConfig(params=target, drop_layers=sorted(costs.layers_of(blocks)), drop_blocks=blocks,
                   objective=method.objective)
     s = train_lora(cfg, arm, where, show_progress=progress)
     return {"method": method.name, "lr": cfg.lr, "val_ppl": s["ppl_full"]["end"], "val_ppl_backbone": s["ppl_backbone"],
@@ -315,7 +327,7 @@ def _trained_methods(folder: Path, best: dict, table: dict[str, SweepMethod]) ->
     out = {f"pruned:{k}": f"pruned:{k}" for k in (1, 2)}
     for name, method in table.items():
         if method.eval_kind is not None:
-            out[name] = f"{method.eval_kind}:{folder / 'arms' / arm_slug(best[name])}"
+            out[name] = f"{method.eval_kind}:{arm_folder(folder, best[name])}"
     return out
 
 

@@ -3,7 +3,7 @@ claims, the tables and the verdict. Reads the result dict only (`baselines.run` 
 
 Row keys name rows, nothing parses them: the recipe run's rows by their eval method name (`retrofit`,
 `reskip:budget=1`, `static:1`, ...), a recipe variant's as `<variant> / <method>`, the baselines' by their method
-(`lora`, `healed-static:1`, `healed-static:1:kd`, `pruned:1`) and `backbone`; each row carries its kind and arguments
+(`lora`, `healed:1`, `healed:1:kd`, `pruned:1`) and `backbone`; each row carries its kind and arguments
 (as the eval typed them) and `arm`, the swept method whose chosen arm it comes from. Fidelity to the backbone (KL per position, top-1 agreement) is read
 first, perplexity beside it: below the backbone's on the mix's own test split, perplexity is fine-tuning on the mix,
 not quality."""
@@ -23,11 +23,11 @@ RECIPE_ROWS = {"retrofit": "retrofit", "reskip:budget=1": "ReSkip, budget 1", "r
                "static:1": "static:1 (learned shortcut)", "static:2": "static:2 (learned shortcut)"}
 # the variants' rows the table and the verdict read (their full eval is in recipe-eval/<arm>/)
 VARIANT_ROWS = ("retrofit", "reskip:budget=1", "static:1", "reskip:budget=2", "static:2")
-BASE_COMPARISONS = (("retrofit", "lora"), ("reskip:budget=1", "healed-static:1"),
-                    ("reskip:budget=1:held", "healed-static:1"), ("sequence:1", "healed-static:1"),
-                    ("sequence:2", "healed-static:2"), ("static:1", "healed-static:1"),
-                    ("reskip:budget=2", "healed-static:2"), ("static:2", "healed-static:2"),
-                    ("healed-static:1", "backbone"), ("lora", "backbone"))
+BASE_COMPARISONS = (("retrofit", "lora"), ("reskip:budget=1", "healed:1"),
+                    ("reskip:budget=1:held", "healed:1"), ("sequence:1", "healed:1"),
+                    ("sequence:2", "healed:2"), ("static:1", "healed:1"),
+                    ("reskip:budget=2", "healed:2"), ("static:2", "healed:2"),
+                    ("healed:1", "backbone"), ("lora", "backbone"))
 
 
 def variant_row(variant: str, key: str) -> str:
@@ -35,7 +35,7 @@ def variant_row(variant: str, key: str) -> str:
 
 
 def healed_key(k: int, objective: str) -> str:
-    return f"healed-static:{k}" + ("" if objective == "ce" else f":{objective}")
+    return f"healed:{k}" + ("" if objective == "ce" else f":{objective}")
 
 
 def comparisons(variants, heal=("ce",)) -> list[tuple[str, str]]:
@@ -44,15 +44,15 @@ def comparisons(variants, heal=("ce",)) -> list[tuple[str, str]]:
     objective against cross-entropy's, the unhealed pruning and the recipe's skipping at the same blocks."""
     out = list(BASE_COMPARISONS)
     for k in (1, 2):
-        out.append((f"healed-static:{k}", f"pruned:{k}"))
+        out.append((f"healed:{k}", f"pruned:{k}"))
         for h in heal:
             if h != "ce":
-                out += [(healed_key(k, h), f"healed-static:{k}"), (healed_key(k, h), f"pruned:{k}"),
+                out += [(healed_key(k, h), f"healed:{k}"), (healed_key(k, h), f"pruned:{k}"),
                         (f"static:{k}", healed_key(k, h)), (f"reskip:budget={k}", healed_key(k, h))]
     for v in variants:
         out += [(variant_row(v, "retrofit"), "lora"), (variant_row(v, "retrofit"), "retrofit")]
         for k in (1, 2):
-            out += [(variant_row(v, f"{kind}"), f"healed-static:{k}") for kind in (f"reskip:budget={k}", f"static:{k}")]
+            out += [(variant_row(v, f"{kind}"), f"healed:{k}") for kind in (f"reskip:budget={k}", f"static:{k}")]
     return out
 
 
@@ -104,8 +104,8 @@ def claims(r: dict) -> list[dict]:
         skipping += [(variant_row(v, f"reskip:budget={k}"), f"{v}, ReSkip") for v in r.get("variants", [])]
         for key, label in skipping:
             for s in SPLITS:
-                d = iv.get(f"{key} - healed-static:{k} ({s})")
-                text = f"at {k} block(s) per step {label} beats LoRA-healed static pruning beyond the interval ({s})"
+                d = iv.get(f"{key} - healed:{k} ({s})")
+                text = f"at {k} block(s) per step {label} beats LoRA-healed pruning beyond the interval ({s})"
                 if d is None:
                     out.append(claim(text, f"no {key} on this model", None))
                     continue
@@ -122,7 +122,7 @@ def fidelity_claims(r: dict) -> list[dict]:
     for h in r.get("heal", ["ce"]):
         for k in (1, 2) if h != "ce" else ():
             for split in SPLITS:
-                d = fid.get(f"{healed_key(k, h)} - healed-static:{k} ({split})")
+                d = fid.get(f"{healed_key(k, h)} - healed:{k} ({split})")
                 if d is not None:
                     out.append(claim(f"at {k} block(s) removed, healing by {h} is closer to the backbone than by ce "
                                      f"beyond the interval ({split})", f"KL {h} - ce = {interval_text(d)}", d["hi"] < 0))
@@ -136,7 +136,7 @@ def _labels(variants, heal=("ce",)) -> dict:
     names["lora"] = "LoRA"
     for k in (1, 2):
         names[f"pruned:{k}"] = f"pruned:{k} (no healing)"
-        names.update({healed_key(k, h): f"healed-static:{k}, healed by {h}" for h in heal})
+        names.update({healed_key(k, h): f"healed:{k}, healed by {h}" for h in heal})
     return names
 
 
@@ -227,7 +227,7 @@ def fidelity_verdict(r: dict) -> str:
     for h in r.get("heal", ["ce"]):
         for k in (1, 2) if h != "ce" else ():
             for split in SPLITS:
-                d = fid.get(f"{healed_key(k, h)} - healed-static:{k} ({split})")
+                d = fid.get(f"{healed_key(k, h)} - healed:{k} ({split})")
                 if d is not None:
                     parts.append(f"KL of healing by {h} minus by ce at {k} block(s), {split}: {interval_text(d)}.")
     return " ".join(parts)
@@ -250,7 +250,7 @@ def verdict(r: dict) -> str:
     return " ".join([fidelity_verdict(r), "Differences of perplexity / backbone with 95% intervals.",
                      said("Nothing skipped", "retrofit", "lora", "a LoRA of the same trainable parameters"),
                      *(said("Nothing skipped", variant_row(v, "retrofit"), "lora", "the LoRA") for v in variants),
-                     *(said(f"At {w} per step", m, f"healed-static:{k}", "LoRA-healed static pruning")
+                     *(said(f"At {w} per step", m, f"healed:{k}", "LoRA-healed pruning")
                        for k, w in ((1, "one block"), (2, "two blocks"))
                        for m in (f"reskip:budget={k}", f"sequence:{k}",
                                  *(variant_row(v, f"reskip:budget={k}") for v in variants)))])

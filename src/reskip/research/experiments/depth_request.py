@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from ...backbones.devices import model_device
-from ...compress.arm import load_arm_model, read_arm
+from ...compress.healing_run import load_healed_model, read_healing_run
 from ...data.packing import pack
 from ...data.sources import load_splits
 from ...errors import ReskipError
@@ -54,11 +54,11 @@ def run(options: ExperimentOptions, folder: Path, show=print) -> dict:
     nested = read_results(nested_dir / "results.json", "lr", "rows")
     variant = nested.get("variants", ["nested"])[-1]  # the longest-trained nested model there is
     arm_dir = nested_dir / "arms" / arm_slug(arm_name(variant, nested["lr"]))
-    cfg, arm = read_arm(arm_dir)
+    cfg, arm = read_healing_run(arm_dir)
     depths = arm.depths
     models, tok = {}, None
     for k in range(depths + 1):
-        models[k], tok = load_arm_model(arm_dir, options.dtype, options.device, options.trust_remote_code, depth=k)
+        models[k], tok = load_healed_model(arm_dir, options.dtype, options.device, options.trust_remote_code, depth=k)
     n_layers = models[0].config.num_hidden_layers
     share = {k: 1 - len(arm.layers_at(k)) / n_layers for k in models}  # layer FLOPs per token at each depth
     n = PRESETS[options.preset]["eval"]["sequences"]

@@ -23,8 +23,8 @@ import numpy as np
 
 from ...ar_retrofit.accounting import count_params
 from ...backbones.loading import load_config
-from ...compress.arm import LoraArm
 from ...compress.blocks import BlockCosts
+from ...compress.healing_run import HealingConfig
 from ...compress.train import train_lora
 from ...data.heldout import HELDOUT_SOURCES
 from ...errors import ReskipError
@@ -45,18 +45,18 @@ WITHIN = 0.10  # the target: the nested model's KL within 10% of the separately 
 NESTED = ("nested", "nested-sum")  # the nested model at one arm's tokens, and at the separate arms' sum
 
 
-def arms_of(costs: BlockCosts, depths: int, params: int, summed: bool = False) -> dict[str, LoraArm]:
+def arms_of(costs: BlockCosts, depths: int, params: int, summed: bool = False) -> dict[str, HealingConfig]:
     """The nested arm (and with `summed` its twin trained K times as long) and one separately kd-healed arm per
     depth, on the same blocks."""
     order = costs.ranked(RANK_BY)[:depths]
     if len(order) < depths:
         raise ReskipError(f"--depths {depths}: the backbone has {len(order)} middle blocks")
-    nested = LoraArm(params=params, objective="kd", nested_blocks=order,
+    nested = HealingConfig(params=params, objective="kd", nested_blocks=order,
                      nested_layers=[list(costs.blocks[n - 1]) for n in order])
     arms = {"nested": nested, **({"nested-sum": nested} if summed else {})}
     for k in range(1, depths + 1):
         blocks = sorted(order[:k])
-        arms[f"kd-{k}"] = LoraArm(params=params, drop_layers=sorted(costs.layers_of(blocks)), drop_blocks=blocks,
+        arms[f"kd-{k}"] = HealingConfig(params=params, drop_layers=sorted(costs.layers_of(blocks)), drop_blocks=blocks,
                                   objective="kd")
     return arms
 

@@ -51,8 +51,8 @@ class ExperimentOptions(BackboneOptions):
               "the backbone instead of CE on the mix)")
     heal: list[str] = described(default_factory=lambda: ["ce"],
                                 help="baselines: the healing objectives of the healed arms, each its own arms: ce "
-                                     "(cross-entropy on the mix: healed-static:K), kd (KL(backbone || model) on every "
-                                     "position: healed-static:K:kd), kd+ce")
+                                     "(cross-entropy on the mix: healed:K), kd (KL(backbone || model) on every "
+                                     "position: healed:K:kd), kd+ce")
     depths: int = described(3, "nested: the deepest cut of the nested model (blocks removed; it serves 0 to this)",
                             low=1)
     nested_sum: bool = described(False, "nested: also train the nested model on the separate models' summed tokens "

@@ -344,7 +344,7 @@ def fig_baselines(result: dict):
         "ReSkip budgets, held": (("reskip:budget=1:held", "reskip:budget=2:held"), "tab:cyan", "d"),
         "per-sequence selection": (("sequence:1", "sequence:2"), "tab:purple", "s"),
         "retrofit + static (learned shortcut)": (("retrofit", "static:1", "static:2"), "tab:orange", "^"),
-        "LoRA, then LoRA-healed static": (("lora", "healed-static:1", "healed-static:2"), "tab:green", "v"),
+        "LoRA, then healed pruning": (("lora", "healed:1", "healed:2"), "tab:green", "v"),
         "backbone, then pruned (no healing)": (("backbone", "pruned:1", "pruned:2"), "tab:gray", "x"),
     }
     for v, color in zip(result.get("variants", []), ("tab:brown", "tab:pink", "tab:olive")):

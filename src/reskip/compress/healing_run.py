@@ -1,6 +1,6 @@
-"""A baseline arm's record and its loader: what `reskip experiment baselines` trains beside the recipe (a LoRA on
+"""A healing run's record and its loader: what `reskip experiment baselines` trains beside the recipe (a LoRA on
 the frozen backbone, or on the backbone with layers removed: healed static pruning), how its config.yaml says so,
-and how a trained arm opens as a model (scoring: `evaluate.scorers`; export: `compress.export`)."""
+and how a healing run opens as a model (scoring: `evaluate.scorers`; export: `compress.export`)."""
 
 from __future__ import annotations
 
@@ -18,13 +18,13 @@ from ..errors import ReskipError
 from ..reading import read_yaml
 from ..run_folder import RunFolder
 from ..train_config import TrainConfig, load_yaml
-from .arm_files import check_adapter_files, check_layers, check_loaded, typed_arm
 from .blocks import prune
+from .healing_files import check_adapter_files, check_layers, check_loaded, typed_healing_config
 from .objectives import parse_objective
 
 
 @dataclass
-class LoraArm:
+class HealingConfig:
     """What a baseline trains, beside the shared TrainConfig (`TrainConfig.lr` etc.; its retrofit keys unused)."""
 
     params: int = described(help="trainable parameters to match (the side-channel's count on this backbone)",
@@ -60,19 +60,19 @@ class LoraArm:
 
     @property
     def depths(self) -> int:
-        """The deepest cut a nested arm serves (its depths are 0..depths); 0 for a one-depth arm."""
+        """The deepest cut a nested healing run serves (its depths are 0..depths); 0 for a one-depth healing run."""
         return len(self.nested_blocks)
 
     def layers_at(self, depth: int) -> list[int]:
         """The decoder layers removed at nested depth `depth` (the first `depth` blocks of the order)."""
         if not 0 <= depth <= self.depths:
-            raise ReskipError(f"depth {depth}: this arm serves depths 0 to {self.depths}")
+            raise ReskipError(f"depth {depth}: this healing run serves depths 0 to {self.depths}")
         return sorted(i for layers in self.nested_layers[:depth] for i in layers)
 
     def check(self, where: str) -> None:
         """One clear error for a record no trainer writes (`where` names the file)."""
         if self.nested and self.drop_layers:
-            raise ReskipError(f"{where}: lora.nested_blocks and lora.drop_layers both set; a nested arm removes its "
+            raise ReskipError(f"{where}: lora.nested_blocks and lora.drop_layers both set; a nested healing run removes its "
                               "layers per depth (nested_layers)")
         if len(self.nested_layers) != len(self.nested_blocks):
             raise ReskipError(f"{where}: lora.nested_layers has {len(self.nested_layers)} entries for "
@@ -91,12 +91,12 @@ class LoraArm:
             raise ReskipError(f"{where}: lora.nested_blocks/nested_layers repeat a block or a layer")
 
 
-def arm_config_text(cfg: TrainConfig, arm: LoraArm) -> str:
-    return yaml.safe_dump({"train": cfg.to_dict(), "lora": dataclasses.asdict(arm)}, sort_keys=False)
+def healing_config_text(cfg: TrainConfig, healing: HealingConfig) -> str:
+    return yaml.safe_dump({"train": cfg.to_dict(), "lora": dataclasses.asdict(healing)}, sort_keys=False)
 
 
-def is_arm(run_dir: Path) -> bool:
-    """The folder is a baseline arm (its config.yaml holds `lora:`), not a retrofit run."""
+def is_healing_run(run_dir: Path) -> bool:
+    """The folder is a healing run (its config.yaml holds `lora:`), not a retrofit run."""
     path = RunFolder(run_dir).config
     if not path.is_file():
         return False
@@ -104,62 +104,62 @@ def is_arm(run_dir: Path) -> bool:
     return isinstance(data, dict) and "lora" in data
 
 
-def read_arm(run_dir: Path) -> tuple[TrainConfig, LoraArm]:
-    """A baseline run's config.yaml -> (TrainConfig, LoraArm)."""
+def read_healing_run(run_dir: Path) -> tuple[TrainConfig, HealingConfig]:
+    """A baseline run's config.yaml -> (TrainConfig, HealingConfig)."""
     if not RunFolder(run_dir).config.is_file():
-        raise ReskipError(f"{run_dir} is not a finished baseline run (no config.yaml): a LoRA or healed-static arm of "
+        raise ReskipError(f"{run_dir} is not a finished baseline run (no config.yaml): a LoRA or healed arm of "
                           "`reskip experiment baselines` has one")
     data = read_yaml(RunFolder(run_dir).config, load_yaml)
     if not isinstance(data, dict) or not {"train", "lora"} <= set(data):
         raise ReskipError(f"{run_dir} is not a finished baseline run: its config.yaml has no train: and lora: (a "
-                          "LoRA or healed-static arm of `reskip experiment baselines` has)")
+                          "LoRA or healed arm of `reskip experiment baselines` has)")
     where = str(RunFolder(run_dir).config)
-    arm = typed_arm(LoraArm, data["lora"], where)
-    arm.check(where)
-    return TrainConfig.from_dict(data["train"]), arm
+    healing = typed_healing_config(HealingConfig, data["lora"], where)
+    healing.check(where)
+    return TrainConfig.from_dict(data["train"]), healing
 
 
-def load_arm_model(run_dir: Path, dtype: str | None = None, device: str = "auto", trust_remote_code: bool = False,
+def load_healed_model(run_dir: Path, dtype: str | None = None, device: str = "auto", trust_remote_code: bool = False,
                    depth: int | None = None):
     """A trained baseline run as (model with its LoRA, tokenizer) on `device`: the backbone loaded, pruned as
-    recorded (a nested arm: at `depth`, which it needs) and the PEFT adapter applied, its files checked before and
-    as they load (`arm_files`). A nested arm at depth 0 is the backbone itself, without its LoRA: exactly the model it
+    recorded (a nested healing run: at `depth`, which it needs) and the PEFT adapter applied, its files checked before and
+    as they load (`healing_files`). A nested healing run at depth 0 is the backbone itself, without its LoRA: exactly the model it
     distils from. The model's own Python code runs only with the caller's `trust_remote_code` (the user's flag),
-    never because the arm's config.yaml says so: an arm someone shared runs no code on the machine that opens it."""
-    cfg, arm = read_arm(run_dir)
-    drop = arm_layers(arm, run_dir, depth)
+    never because the healing's config.yaml says so: a healing run someone shared runs no code on the machine that opens it."""
+    cfg, healing = read_healing_run(run_dir)
+    drop = layers_removed_by(healing, run_dir, depth)
     folder = RunFolder(run_dir).adapter
     n_layers = load_config(cfg.model, trust_remote_code).num_hidden_layers
-    check_layers(arm, n_layers, str(RunFolder(run_dir).config))
-    trained_without = arm.layers_at(arm.depths) if arm.nested else drop  # a nested LoRA covers every layer
-    check_adapter_files(folder, arm, n_layers - (0 if arm.nested else len(trained_without)))
+    check_layers(healing, n_layers, str(RunFolder(run_dir).config))
+    trained_without = healing.layers_at(healing.depths) if healing.nested else drop  # a nested LoRA covers every layer
+    check_adapter_files(folder, healing, n_layers - (0 if healing.nested else len(trained_without)))
     base, tokenizer = load_backbone(cfg.model, dtype or cfg.dtype, trust_remote_code, device)
-    if arm.nested and depth == 0:  # the backbone, bit for bit: its LoRA is not applied
+    if healing.nested and depth == 0:  # the backbone, bit for bit: its LoRA is not applied
         base.eval()
         return base, tokenizer
-    if drop and not arm.nested:  # a healed arm's LoRA trained on the pruned model: its keys number the kept layers
+    if drop and not healing.nested:  # a LoRA trained on the pruned model: its keys number the kept layers
         prune(base, set(drop))
     try:
         model = PeftModel.from_pretrained(base, folder, autocast_adapter_dtype=True)
     except (SafetensorError, RuntimeError, ValueError, KeyError, TypeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ReskipError(f"{folder}: the adapter does not load onto this arm's model ({first[:300]}); train the arm "
+        raise ReskipError(f"{folder}: the adapter does not load onto this healing run's model ({first[:300]}); train the healing "
                           "again") from None
     check_loaded(model, folder)
-    if drop and arm.nested:  # a nested LoRA trained on every layer: loaded whole, then its depth's layers removed
+    if drop and healing.nested:  # a nested LoRA trained on every layer: loaded whole, then its depth's layers removed
         prune(model.get_base_model(), set(drop))
     model.eval()
     return model, tokenizer
 
 
-def arm_layers(arm: LoraArm, run_dir: Path, depth: int | None) -> list[int]:
-    """The layers an arm's model removes: a nested arm's at `depth` (which it needs), any other's own."""
-    if arm.nested:
+def layers_removed_by(healing: HealingConfig, run_dir: Path, depth: int | None) -> list[int]:
+    """The layers a healing run's model removes: a nested healing run's at `depth` (which it needs), any other's own."""
+    if healing.nested:
         if depth is None:
-            raise ReskipError(f"{run_dir} is a nested-depths arm (depths 0 to {arm.depths}): say which depth "
+            raise ReskipError(f"{run_dir} is a nested-depths healing run (depths 0 to {healing.depths}): say which depth "
                               "(--depth K, or nested:K:RUN)")
-        return arm.layers_at(depth)
-    if depth is not None and depth != len(arm.drop_blocks):
-        raise ReskipError(f"{run_dir} serves one depth ({len(arm.drop_blocks)} blocks removed); --depth {depth} needs "
-                          "a nested-depths arm (`reskip experiment nested`)")
-    return list(arm.drop_layers)
+        return healing.layers_at(depth)
+    if depth is not None and depth != len(healing.drop_blocks):
+        raise ReskipError(f"{run_dir} serves one depth ({len(healing.drop_blocks)} blocks removed); --depth {depth} needs "
+                          "a nested-depths healing run (`reskip experiment nested`)")
+    return list(healing.drop_layers)
