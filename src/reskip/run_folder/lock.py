@@ -54,6 +54,11 @@ def launched_job() -> str | None:
 JOB_WAIT_S = 10.0  # how long a process of a distributed job waits to read that its job's first process holds it
 
 
+def _of_job(holder: str, job: str | None) -> bool:
+    """The lock's holder is a process of this distributed job: it holds the folder for the whole job."""
+    return job is not None and holder.endswith(f" {job}")
+
+
 def _take(f, job: str | None) -> str | None:
     """Take the lock (None), or say who holds it. A process of a distributed job reads the holder again for a few
     seconds: the job's first process may hold the lock and not yet have written its name (or the file may still
@@ -66,7 +71,7 @@ def _take(f, job: str | None) -> str | None:
         except BlockingIOError:
             f.seek(0)
             holder = f.read().strip()
-        if job is None or holder.endswith(f" {job}") or time.monotonic() > deadline:
+        if job is None or _of_job(holder, job) or time.monotonic() > deadline:
             return holder
         time.sleep(0.05)
 
@@ -90,7 +95,7 @@ def writing(root: Path):
     holder = _take(f, job)
     if holder is not None:
         f.close()
-        if job is not None and holder.endswith(f" {job}"):  # a process of this same job holds it for the job
+        if _of_job(holder, job):
             yield
             return
         raise ReskipError(f"{root} is being written by another reskip process ({holder or 'another process'}); wait "
