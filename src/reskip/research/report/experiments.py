@@ -8,8 +8,7 @@ import html
 from pathlib import Path
 
 from ...html_tables import html_table, markdown_table
-from ...reading import read_json
-from ..experiments.results_file import current_names
+from ..experiments.results_file import read_results
 from .figures import fig_baselines, fig_experiment_curves, fig_scale
 
 
@@ -17,7 +16,7 @@ def experiment_sections(folder: Path) -> list[tuple]:
     """(figure title, png or None, caption, html body) per experiment found under `folder`, by name."""
     out = []
     for path in sorted(Path(folder).glob("*/results.json")):
-        r = current_names(read_json(path))  # names from before a rename read as today's
+        r = read_results(path, "experiment", "preset", "claims")  # names from before a rename read as today's
         title = f"Experiment: {r['experiment']} (preset {r['preset']})"
         body = (f"<h2>{html.escape(title)}</h2>"
                 + html_table(r["claims"], ["claim", "measured", "verdict"]))
